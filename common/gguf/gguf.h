@@ -207,6 +207,12 @@ class Writer {
   Status add_tensor_f32(const std::string& name, std::vector<uint64_t> ne, quant::GgmlType type,
                         std::vector<float> values);
   void set_progress(Progress p) { progress_ = std::move(p); }
+  size_t n_tensors() const { return tensors_.size(); }
+  uint64_t total_tensor_bytes() const {
+    uint64_t n = 0;
+    for (const auto& t : tensors_) n += t.n_bytes;
+    return n;
+  }
 
   // Writes one file.
   Status write(const std::string& path);

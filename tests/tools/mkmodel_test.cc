@@ -1,0 +1,104 @@
+// Synthetic models: the tiny preset passes configuration and inventory validation, is
+// deterministic in its seed, splits into shards, carries a working tokenizer and an Engram
+// token map built from it; the perf preset's plan has the released shape.
+#include "common/config/config.h"
+#include "common/gguf/gguf.h"
+#include "common/tokenizer/tokenizer.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+#include "tools/dsflash/synth_model.h"
+
+namespace dsflash::tools {
+namespace {
+
+using testing::TempDir;
+
+TEST(Mkmodel, TinyIsAValidV41Model) {
+  TempDir dir;
+  auto paths = write_synthetic_model(SynthOptions{}, dir.file("tiny.gguf"), 1);
+  ASSERT_TRUE(paths.ok()) << paths.status();
+  auto m = gguf::Model::open(dir.file("tiny.gguf"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto c = config::from_gguf(**m);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(config::validate_tensors(*c, **m).ok());
+  EXPECT_EQ(c->n_layer, 6u);
+  EXPECT_EQ(c->n_expert, 8u);
+  EXPECT_EQ((*m)->find_tensor("blk.0.ffn_gate_exps.weight")->type, quant::GgmlType::kQ2_K);
+  EXPECT_EQ((*m)->find_tensor("blk.0.ffn_down_exps.weight")->type, quant::GgmlType::kQ3_K);
+  EXPECT_EQ((*m)->find_tensor("blk.1.engram_embd.weight")->type, quant::GgmlType::kQ2_K);
+  EXPECT_LT((*m)->total_bytes(), 32u << 20);  // "a few MB"
+
+  // Text goes in and comes out.
+  auto t = tok::Tokenizer::from_gguf(**m);
+  ASSERT_TRUE(t.ok()) << t.status();
+  const std::string s = "The expert store streams experts: 42 of them, 🙂 今天.";
+  auto ids = (*t)->encode(s);
+  ASSERT_TRUE(ids.ok());
+  EXPECT_LT(ids->size(), s.size());
+  EXPECT_EQ(*(*t)->decode(*ids), s);
+  auto map = tok::build_compressed_token_map(**t);
+  ASSERT_TRUE(map.ok());
+  EXPECT_EQ(std::vector<int64_t>(map->begin(), map->end()), *(*m)->find("deepseek41.engram.token_map")->ints());
+
+  // Weights have realistic magnitudes: embeddings O(1), norms near 1.
+  const gguf::TensorInfo* norm = (*m)->find_tensor("blk.0.attn_norm.weight");
+  std::vector<float> w(norm->n_elems);
+  ASSERT_TRUE(quant::decode_row(norm->type, *(*m)->data(*norm), w.data(), static_cast<int64_t>(w.size())).ok());
+  double mean = 0;
+  for (float v : w) mean += v;
+  EXPECT_NEAR(mean / static_cast<double>(w.size()), 1.0, 0.05);
+}
+
+TEST(Mkmodel, DeterministicInTheSeed) {
+  TempDir dir;
+  SynthOptions a;
+  a.seed = 7;
+  a.threads = 1;
+  SynthOptions b = a;
+  b.threads = 3;
+  SynthOptions c = a;
+  c.seed = 8;
+  ASSERT_TRUE(write_synthetic_model(a, dir.file("a.gguf"), 1).ok());
+  ASSERT_TRUE(write_synthetic_model(b, dir.file("b.gguf"), 1).ok());
+  ASSERT_TRUE(write_synthetic_model(c, dir.file("c.gguf"), 1).ok());
+  const auto fa = testing::read_all(dir.file("a.gguf"));
+  EXPECT_EQ(fa, testing::read_all(dir.file("b.gguf")));  // thread count does not matter
+  EXPECT_NE(fa, testing::read_all(dir.file("c.gguf")));
+}
+
+TEST(Mkmodel, ShardsOpenAndValidate) {
+  TempDir dir;
+  SynthOptions o;
+  o.n_expert = 4;
+  auto paths = write_synthetic_model(o, dir.file("m.gguf"), 3);
+  ASSERT_TRUE(paths.ok()) << paths.status();
+  ASSERT_EQ(paths->size(), 3u);
+  EXPECT_EQ((*paths)[0], dir.file("m-00001-of-00003.gguf"));
+  auto m = gguf::Model::open((*paths)[2]);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto c = config::from_gguf(**m);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->n_expert, 4u);
+  EXPECT_TRUE(config::validate_tensors(*c, **m).ok());
+}
+
+TEST(Mkmodel, PerfPlanHasReleasedShape) {
+  SynthOptions o;
+  o.preset = "perf";
+  auto plan = plan_synthetic_model(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // 3 global + 24 per layer + 4 per KV source (+1 compressor gate for the 3 ratio-2 ones)
+  // + 2 per index source + 4 per Engram layer.
+  EXPECT_EQ(plan->n_tensors, 3u + 40 * 24 + 4 * 4 + 3 + 8 * 2 + 2 * 4);
+  EXPECT_GT(plan->total_bytes, 10ull << 30);
+  EXPECT_LT(plan->total_bytes, 60ull << 30);
+  o.preset = "huge";
+  EXPECT_FALSE(plan_synthetic_model(o).ok());
+  o.preset = "perf";
+  o.n_expert = 3;  // fewer than top-6
+  EXPECT_FALSE(plan_synthetic_model(o).ok());
+}
+
+}  // namespace
+}  // namespace dsflash::tools
