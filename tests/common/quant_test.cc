@@ -62,7 +62,9 @@ TEST(Numeric, E8m0AndE2m1) {
   const float mags[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
   for (int c = 0; c < 16; ++c) {
     EXPECT_EQ(e2m1_to_f32(static_cast<uint8_t>(c)), (c & 8 ? -1 : 1) * mags[c & 7]);
-    if (c != 8) EXPECT_EQ(f32_to_e2m1(e2m1_to_f32(static_cast<uint8_t>(c))), c);
+    if (c != 8) {
+      EXPECT_EQ(f32_to_e2m1(e2m1_to_f32(static_cast<uint8_t>(c))), c);
+    }
   }
   // Ties go to the even code: up only at 0.75, 1.75 and 3.5.
   EXPECT_EQ(f32_to_e2m1(0.25f), 0);

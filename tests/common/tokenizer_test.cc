@@ -52,7 +52,7 @@ TEST(Pretokenize, KnownSplits) {
 }
 
 TEST(Pretokenize, PiecesConcatenateToInput) {
-  for (const std::string s : {std::string("mixed 123 text\twith  ünïcödé, 漢字 and 🙂!\r\n\r\n"),
+  for (const std::string& s : {std::string("mixed 123 text\twith  ünïcödé, 漢字 and 🙂!\r\n\r\n"),
                               std::string("bad \xff\xfe utf8 \xe4\xb8"), corpus()}) {
     std::string joined;
     for (std::string_view p : pretokenize(s)) joined += p;
@@ -72,7 +72,7 @@ TEST(ByteLevel, MapsEveryByteBothWays) {
 
 TEST(Bpe, RoundTrips) {
   const Tokenizer& t = trained();
-  for (const std::string s : {std::string("The quick brown fox jumps over the lazy dog."),
+  for (const std::string& s : {std::string("The quick brown fox jumps over the lazy dog."),
                               std::string("今天天气很好，我们去公园散步吧。"), std::string("ok 🙂 👍 🚀 ✨"),
                               std::string("digits 1234567890 and 3.14159"), std::string("tabs\t\tand   spaces   "),
                               std::string("lines\n\n\nwindows\r\n"), std::string("ünïcödé Ελληνικά Привет"),

@@ -14,12 +14,9 @@ StatusOr<Args> Args::parse(const std::vector<std::string>& argv, const std::set<
       a.positional_.push_back(s);
       continue;
     }
-    std::string name = s.substr(2), value;
-    const size_t eq = name.find('=');
-    if (eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
+    const size_t eq = s.find('=', 2);
+    const std::string name = s.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    std::string value = eq == std::string::npos ? std::string() : s.substr(eq + 1);
     if (flags.count(name)) {
       a.values_[name] = "1";
       continue;
