@@ -44,6 +44,11 @@ inline void write_all(const std::string& path, const std::vector<uint8_t>& bytes
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
-inline std::string golden_dir() { return DSF_GOLDEN_DIR; }
+// The golden data folder: $DSF_GOLDEN_DIR if set (bundles run elsewhere), else the path
+// configured at build time.
+inline std::string golden_dir() {
+  const char* env = std::getenv("DSF_GOLDEN_DIR");
+  return env != nullptr && *env != '\0' ? env : DSF_GOLDEN_DIR;
+}
 
 }  // namespace dsflash::testing

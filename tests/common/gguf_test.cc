@@ -154,6 +154,15 @@ TEST(Gguf, SplitSetWithMismatchedShardIsRejected) {
   EXPECT_NE(m.status().message().find("split.no 0"), std::string::npos) << m.status();
 }
 
+// FNV-1a is enough to notice a different file; the README gives the sha256.
+TEST(Gguf, GoldenFileIsTheRecordedOne) {
+  const auto bytes = testing::read_all(testing::golden_dir() + "/tiny_a.gguf");
+  ASSERT_EQ(bytes.size(), 7002368u);
+  uint64_t h = 1469598103934665603ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 1099511628211ull;
+  EXPECT_EQ(h, 18125841292849222742ull);
+}
+
 TEST(Gguf, GoldenFileParses) {
   auto m = Model::open(testing::golden_dir() + "/tiny_a.gguf");
   ASSERT_TRUE(m.ok()) << m.status();

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds the GPU tests here and bundles them (binaries, their shared libraries, the golden
+# model) into out/gpu for the H200 test machine, where scripts/gpu-run.sh runs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh -DDSF_ENABLE_CUDA=ON
+build=${DSF_BUILD_DIR:-build}
+rm -rf out/gpu
+bins=$(ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
+import json, sys
+for t in json.load(sys.stdin)["tests"]:
+    print(t["command"][0])')
+../shared/tools/device-bundle out/gpu $bins
+mkdir -p out/gpu/golden
+cp ../shared/golden/tiny_a.gguf out/gpu/golden/
+echo "bundle: out/gpu ($(du -sh out/gpu | cut -f1)); carry it and run scripts/gpu-run.sh there"
