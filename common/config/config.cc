@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,9 +14,6 @@ namespace {
 
 constexpr const char* kArch = "deepseek41";
 
-// Released schedule (spec §1.1) for Family-A files, which do not carry it.
-const std::vector<int> kReleasedKvSources = {2, 8, 14, 20};
-const std::vector<int> kReleasedIndexSources = {2, 8, 14, 20, 24, 28, 32, 36};
 constexpr int kReleasedCandidateSource = 20;
 constexpr uint32_t kReleasedCandidateBlocks = 2048;
 constexpr uint32_t kReleasedCandidateBlockSize = 8;
@@ -49,27 +47,22 @@ class Keys {
     }
     return static_cast<float>(*f);
   }
+  // Integer array as T: signed reads via Value::ints, unsigned (u64 range) via Value::u64s.
   template <typename T>
   std::vector<T> ints(const std::string& key, bool required = true) {
     const gguf::Value* v = get(key, required);
     if (v == nullptr) return {};
-    auto r = v->ints();
-    if (!r.ok()) {
-      problems.push_back(absl::StrCat(kArch, ".", key, ": ", r.status().message()));
-      return {};
-    }
-    return std::vector<T>(r->begin(), r->end());
+    auto convert = [&](auto r) -> std::vector<T> {
+      if (!r.ok()) {
+        problems.push_back(absl::StrCat(kArch, ".", key, ": ", r.status().message()));
+        return {};
+      }
+      return std::vector<T>(r->begin(), r->end());
+    };
+    if constexpr (std::is_same_v<T, uint64_t>) return convert(v->u64s());
+    else return convert(v->ints());
   }
-  std::vector<uint64_t> u64s(const std::string& key, bool required = true) {
-    const gguf::Value* v = get(key, required);
-    if (v == nullptr) return {};
-    auto r = v->u64s();
-    if (!r.ok()) {
-      problems.push_back(absl::StrCat(kArch, ".", key, ": ", r.status().message()));
-      return {};
-    }
-    return *r;
-  }
+  std::vector<uint64_t> u64s(const std::string& key, bool required = true) { return ints<uint64_t>(key, required); }
   std::vector<std::string> problems;
 
  private:
@@ -135,8 +128,9 @@ void read_schedule(Keys& k, const gguf::Model& m, ModelConfig& c) {
       c.index_source_layers = idx;
       c.schedule_origin = "tensors";
     } else {
-      c.kv_source_layers = kReleasedKvSources;
-      c.index_source_layers = kReleasedIndexSources;
+      const ReleasedSchedule r = released_schedule();
+      c.kv_source_layers = r.kv_source_layers;
+      c.index_source_layers = r.index_source_layers;
       c.schedule_origin = "released defaults";
     }
   }
@@ -226,6 +220,21 @@ const char* role_name(LayerRole r) {
     case LayerRole::kConsumerRatio1: return "CONSUMER_RATIO1";
   }
   return "?";
+}
+
+ReleasedSchedule released_schedule() {
+  ReleasedSchedule r;
+  r.compress_ratios = {0, 0};
+  r.compress_ratios.insert(r.compress_ratios.end(), 18, 2);
+  r.compress_ratios.insert(r.compress_ratios.end(), 20, 1);
+  r.compress_ratios.insert(r.compress_ratios.end(), 3, 0);  // the three DSpark draft layers
+  r.kv_source_layers = {2, 8, 14, 20};
+  r.index_source_layers = {2, 8, 14, 20, 24, 28, 32, 36};
+  r.candidate_source = kReleasedCandidateSource;
+  r.candidate_topk_blocks = kReleasedCandidateBlocks;
+  r.candidate_block_size = kReleasedCandidateBlockSize;
+  r.engram_layer_ids = {1, 14};
+  return r;
 }
 
 std::vector<uint64_t> primes_above(uint64_t start, size_t count) {

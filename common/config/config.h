@@ -104,6 +104,15 @@ std::string describe(const ModelConfig& cfg);
 // the synthetic-model writer). Errors name the layer whose schedule is inconsistent.
 StatusOr<std::vector<LayerConfig>> derive_layers(const ModelConfig& cfg);
 
+// The released model's attention schedule (spec §1.1), which Family-A files do not carry.
+struct ReleasedSchedule {
+  std::vector<int> compress_ratios;  // 43 entries: 40 backbone layers + 3 draft layers
+  std::vector<int> kv_source_layers, index_source_layers, engram_layer_ids;
+  int candidate_source = 0;
+  uint32_t candidate_topk_blocks = 0, candidate_block_size = 0;
+};
+ReleasedSchedule released_schedule();
+
 // Engram layout helpers (spec §3.2): the `count` consecutive primes above `start`, and
 // per-layer offsets (exclusive prefix sums). Checks multipliers and primes.
 std::vector<uint64_t> primes_above(uint64_t start, size_t count);

@@ -105,16 +105,15 @@ TEST(Config, ScheduleDerivedFromTensorsWhenKeysAreAbsent) {
 }
 
 TEST(Config, ReleasedScheduleRoles) {
+  const ReleasedSchedule r = released_schedule();
+  ASSERT_EQ(r.compress_ratios.size(), 43u);
   ModelConfig c;
   c.n_layer = 40;
-  c.compress_ratios = {0, 0};
-  for (int i = 0; i < 18; ++i) c.compress_ratios.push_back(2);
-  for (int i = 0; i < 20; ++i) c.compress_ratios.push_back(1);
-  c.compress_ratios.insert(c.compress_ratios.end(), {0, 0, 0});
-  c.kv_source_layers = {2, 8, 14, 20};
-  c.index_source_layers = {2, 8, 14, 20, 24, 28, 32, 36};
-  c.candidate_source = 20;
-  c.engram.layer_ids = {1, 14};
+  c.compress_ratios = r.compress_ratios;
+  c.kv_source_layers = r.kv_source_layers;
+  c.index_source_layers = r.index_source_layers;
+  c.candidate_source = r.candidate_source;
+  c.engram.layer_ids = r.engram_layer_ids;
   auto layers = derive_layers(c);
   ASSERT_TRUE(layers.ok()) << layers.status();
   auto role = [&](int l) { return (*layers)[l].role; };

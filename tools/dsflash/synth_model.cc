@@ -58,16 +58,14 @@ Dims perf_dims() {
   d.D = 5120; d.L = 40; d.H = 64; d.Dh = 512; d.rope = 64; d.q_lora = 1280; d.o_groups = 8; d.o_rank = 1024;
   d.window = 128; d.idx_heads = 32; d.idx_dim = 128; d.idx_topk = 512;
   d.E = 16; d.E_used = 6; d.F = 2304; d.hc = 4; d.sinkhorn = 20; d.ctx = 65536; d.yarn_orig = 65536; d.yarn_factor = 16;
-  d.ratios = {0, 0};
-  for (int i = 0; i < 18; ++i) d.ratios.push_back(2);
-  for (int i = 0; i < 20; ++i) d.ratios.push_back(1);
-  d.ratios.insert(d.ratios.end(), {0, 0, 0});
-  d.kv = {2, 8, 14, 20};
-  d.idx = {2, 8, 14, 20, 24, 28, 32, 36};
-  d.cand = 20; d.cand_blocks = 2048; d.cand_size = 8;
+  const config::ReleasedSchedule r = config::released_schedule();
+  d.ratios = r.compress_ratios;
+  d.kv = r.kv_source_layers;
+  d.idx = r.index_source_layers;
+  d.cand = r.candidate_source; d.cand_blocks = r.candidate_topk_blocks; d.cand_size = r.candidate_block_size;
   // Engram tables keep the released row width and hashing; the prime search starts lower so
   // a table is ~0.4 GB instead of 30 GB.
-  d.engram_layers = {1, 14}; d.e_heads = 8; d.e_dim = 256; d.max_ngram = 4; d.e_vocab_start = 200000;
+  d.engram_layers = r.engram_layer_ids; d.e_heads = 8; d.e_dim = 256; d.max_ngram = 4; d.e_vocab_start = 200000;
   d.n_merges = 1500; d.min_vocab = 129280;
   d.schedule_keys = false;
   d.t_attn = GgmlType::kQ4_K; d.t_shexp = GgmlType::kQ4_K; d.t_embd = GgmlType::kQ4_K; d.t_out = GgmlType::kQ6_K;
