@@ -1,0 +1,241 @@
+// The attention sub-layer of V4.1 (spec §2.4-2.7): query and window-KV paths, the compressor
+// and the indexer of source layers, sparse attention over window + compressed rows, and the
+// grouped low-rank output.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/quant/numeric.h"
+#include "inference_svc/model/call.h"
+#include "inference_svc/model/weights.h"
+#include "kernels/attn/attn.h"
+#include "kernels/norm/norm.h"
+#include "kernels/qdq/qdq.h"
+
+namespace dsflash::model {
+namespace {
+
+using kernels::linear;
+using kernels::OutRound;
+
+std::vector<float> project(const kernels::Weight& w, const std::vector<float>& x, int64_t S,
+                           OutRound r = OutRound::kBf16) {
+  std::vector<float> y(static_cast<size_t>(S * w.rows));
+  linear(w, x.data(), S, y.data(), r);
+  return y;
+}
+
+void norm_rows(std::vector<float>& v, const std::vector<float>& w, float eps) {
+  const int64_t n = static_cast<int64_t>(w.size());
+  kernels::rms_norm(v.data(), w.data(), static_cast<int64_t>(v.size()) / n, n, eps, v.data());
+}
+
+void emit(const Hook& hook, const std::string& name, std::vector<float>& v, int64_t rows) {
+  if (hook) hook(name, v.data(), rows, rows ? static_cast<int64_t>(v.size()) / rows : 0);
+}
+
+}  // namespace
+
+// Ratio-1 sources: a bf16 projection per token. Ratio 2: fp32 projections, a partial group
+// kept in the sequence state, one latent per completed pair. Returns latents [n][head_dim]
+// before RoPE (n may be 0).
+std::vector<float> Model::compress(int l, Sequence& seq, const Call& call, const std::vector<float>& x) const {
+  const LayerWeights& w = layers_[l];
+  const int r = cfg_.layers[l].compress_ratio;
+  const int64_t Dh = cfg_.head_dim, S = call.S;
+  std::vector<float> latent;
+  if (r == 1) {
+    latent = project(w.comp_kv, x, S);
+  } else {
+    LayerState& st = seq.layers[l];
+    const std::vector<float> k = project(w.comp_kv, x, S, OutRound::kF32);
+    const std::vector<float> s = project(w.comp_gate, x, S, OutRound::kF32);
+    std::vector<float> kk(2 * Dh), ss(2 * Dh), row(Dh);
+    auto pool = [&](const float* kp, const float* sp) {
+      kernels::attn::pool_group(kp, sp, 2, Dh, row.data());
+      latent.insert(latent.end(), row.begin(), row.end());
+    };
+    if (call.pos0 == 0) {
+      for (int64_t g = 0; g + 1 < S; g += 2) pool(&k[g * Dh], &s[g * Dh]);
+      if (S % 2) {
+        std::copy_n(&k[(S - 1) * Dh], Dh, st.kv_state.begin());
+        std::copy_n(&s[(S - 1) * Dh], Dh, st.score_state.begin());
+      }
+    } else {
+      const int64_t slot = call.pos0 % 2;
+      std::copy_n(k.begin(), Dh, st.kv_state.begin() + slot * Dh);
+      std::copy_n(s.begin(), Dh, st.score_state.begin() + slot * Dh);
+      if ((call.pos0 + 1) % 2 == 0) pool(st.kv_state.data(), st.score_state.data());
+    }
+  }
+  if (!latent.empty()) norm_rows(latent, w.comp_norm, cfg_.norm_eps);
+  return latent;
+}
+
+// Index sources: scores of this layer's queries against its KV source's index keys, causal
+// and candidate masks, top-k. KV sources first turn their new latents into index keys.
+std::vector<int32_t> Model::indexer(int l, Sequence& seq, Call& call, const std::vector<float>& x,
+                                    const std::vector<float>& qr, const std::vector<float>& latent,
+                                    const Hook& hook) const {
+  const LayerWeights& w = layers_[l];
+  const config::LayerConfig& L = cfg_.layers[l];
+  const int r = L.compress_ratio;
+  const int64_t S = call.S, Hi = cfg_.n_index_head, Di = cfg_.index_head_dim, Dh = cfg_.head_dim;
+  const std::string p = absl::StrCat("L", l, ".indexer.");
+  if (L.is_kv_source && !latent.empty()) {
+    const int64_t n = static_cast<int64_t>(latent.size()) / Dh;
+    std::vector<float> k = project(w.idx_wk, latent, n);
+    norm_rows(k, w.idx_k_norm, cfg_.norm_eps);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t pos = call.pos0 == 0 ? j * r : call.pos0 + 1 - r;
+      kernels::rope::apply(rope_yarn_, &k[j * Di], Di, pos);
+      kernels::qdq::fp4_e8m0_32(&k[j * Di], Di);
+    }
+    seq.layers[l].index_k.insert(seq.layers[l].index_k.end(), k.begin(), k.end());
+  }
+  // Every KV source republishes its key cache on every call: read the own source's keys.
+  const std::vector<float>& keys = seq.layers[L.kv_source].index_k;
+  const int64_t n_keys = (call.pos0 + S) / r;
+  std::vector<float> q = project(w.idx_wq_b, qr, S);
+  for (int64_t t = 0; t < S; ++t) {
+    for (int64_t h = 0; h < Hi; ++h) {
+      float* qh = &q[(t * Hi + h) * Di];
+      kernels::rope::apply(rope_yarn_, qh, Di, call.pos0 + t);
+      kernels::qdq::fp4_e8m0_32(qh, Di);
+    }
+  }
+  std::vector<float> wts = project(w.idx_proj, x, S);
+  const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Di)) / std::sqrt(static_cast<double>(Hi)));
+  for (float& v : wts) v = quant::round_bf16(v * wscale);
+  emit(hook, p + "q", q, S);
+  emit(hook, p + "weights", wts, S);
+  std::vector<float> score(static_cast<size_t>(S * n_keys));
+  const int64_t k_sel = std::min<int64_t>(cfg_.index_topk, n_keys);
+  std::vector<int32_t> out(static_cast<size_t>(S * k_sel));
+  if (L.is_candidate_source) {
+    call.candidates.assign(static_cast<size_t>(S * n_keys), 0);
+    call.cand_width = n_keys;
+  }
+  for (int64_t t = 0; t < S; ++t) {
+    float* sc = &score[t * n_keys];
+    kernels::attn::index_scores(&q[t * Hi * Di], static_cast<int>(Hi), Di, keys.data(), n_keys, &wts[t * Hi], sc);
+    const int64_t visible = call.pos0 == 0 ? (t + 1) / r : n_keys;
+    for (int64_t j = visible; j < n_keys; ++j) sc[j] = -INFINITY;
+    if (L.is_candidate_source) {
+      const auto mask = kernels::attn::candidate_mask(sc, n_keys, visible, cfg_.candidate_topk_blocks,
+                                                      cfg_.candidate_block_size);
+      std::copy(mask.begin(), mask.end(), call.candidates.begin() + t * n_keys);
+    } else if (L.uses_candidates) {
+      for (int64_t j = 0; j < n_keys; ++j) {
+        if (!call.candidates[t * call.cand_width + j]) sc[j] = -INFINITY;
+      }
+    }
+    const auto top = kernels::attn::topk_ascending(sc, n_keys, k_sel);
+    for (int64_t i = 0; i < k_sel; ++i) out[t * k_sel + i] = top[i] < visible ? top[i] + static_cast<int32_t>(call.n_win) : -1;
+  }
+  emit(hook, p + "score", score, S);
+  return out;
+}
+
+void Model::attention(int l, Sequence& seq, Call& call, std::vector<float>& x, std::vector<float>& out,
+                      const Hook& hook) const {
+  const LayerWeights& w = layers_[l];
+  const config::LayerConfig& L = cfg_.layers[l];
+  const kernels::rope::Table& rope = L.compress_ratio > 0 ? rope_yarn_ : rope_plain_;
+  const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim, W = cfg_.window;
+  const std::string p = absl::StrCat("L", l, ".attn.");
+  // Query: qr = q_norm(wq_a x) (kept for the indexer); q = wq_b qr, RoPE on every head's tail.
+  std::vector<float> qr = project(w.wq_a, x, S);
+  norm_rows(qr, w.q_norm, cfg_.norm_eps);
+  emit(hook, p + "qr", qr, S);
+  std::vector<float> q = project(w.wq_b, qr, S);
+  for (int64_t t = 0; t < S; ++t) {
+    for (int64_t h = 0; h < H; ++h) kernels::rope::apply(rope, &q[(t * H + h) * Dh], Dh, call.pos0 + t);
+  }
+  emit(hook, p + "q", q, S);
+  // Window KV: kv_norm(wkv x), RoPE, FP8 QDQ; prefill attends the fresh rows, decode the ring.
+  std::vector<float> kv = project(w.wkv, x, S);
+  norm_rows(kv, w.kv_norm, cfg_.norm_eps);
+  for (int64_t t = 0; t < S; ++t) {
+    kernels::rope::apply(rope, &kv[t * Dh], Dh, call.pos0 + t);
+    kernels::qdq::fp8_e8m0_32(&kv[t * Dh], Dh);
+  }
+  emit(hook, p + "window_kv", kv, S);
+  std::vector<float>& ring = seq.layers[l].window;
+  for (int64_t t = std::max<int64_t>(0, S - W); t < S; ++t) {
+    std::copy_n(&kv[t * Dh], Dh, ring.begin() + ((call.pos0 + t) % W) * Dh);
+  }
+  std::vector<float> rows = call.pos0 == 0 ? kv : ring;
+  const int64_t win_width = call.pos0 == 0 ? std::min(S, W) : W;
+  std::vector<int32_t> idx_win(static_cast<size_t>(S * win_width));
+  for (int64_t t = 0; t < S; ++t) {
+    for (int64_t j = 0; j < win_width; ++j) {
+      int64_t v;
+      if (call.pos0 == 0) {
+        v = std::max<int64_t>(0, t - W + 1) + j;
+        if (v > t) v = -1;
+      } else {
+        v = (call.pos0 % W + 1 + j) % W;
+        if (v > call.pos0) v = -1;
+      }
+      idx_win[t * win_width + j] = static_cast<int32_t>(v);
+    }
+  }
+  // Compressed KV and the compressed top-k (spec §2.4 steps 6-10).
+  std::vector<int32_t> idx_comp;
+  int64_t comp_width = 0;
+  if (L.compress_ratio > 0) {
+    const int r = L.compress_ratio;
+    const int64_t compress_len = (call.pos0 + S) / r;
+    std::vector<float> latent;
+    if (L.is_kv_source) {
+      latent = compress(l, seq, call, x);
+      emit(hook, absl::StrCat("L", l, ".compressor.latent"), latent, static_cast<int64_t>(latent.size()) / Dh);
+    }
+    if (L.is_index_source) {
+      call.topk = compress_len == 0 ? std::vector<int32_t>() : indexer(l, seq, call, x, qr, latent, hook);
+      call.topk_width = compress_len == 0 ? 0 : std::min<int64_t>(cfg_.index_topk, compress_len);
+    }
+    idx_comp = call.topk;
+    comp_width = call.topk_width;
+    if (!latent.empty()) {
+      const int64_t n = static_cast<int64_t>(latent.size()) / Dh;
+      for (int64_t j = 0; j < n; ++j) {
+        kernels::rope::apply(rope, &latent[j * Dh], Dh, call.pos0 == 0 ? j * r : call.pos0 + 1 - r);
+        kernels::qdq::fp4_e4m3_16(&latent[j * Dh], Dh);
+      }
+      std::vector<float>& cache = seq.layers[l].comp_kv;
+      cache.insert(cache.end(), latent.begin(), latent.end());
+    }
+    const std::vector<float>& src = seq.layers[L.kv_source].comp_kv;
+    rows.insert(rows.end(), src.begin(), src.begin() + compress_len * Dh);
+  }
+  // Sparse attention over [window ; compressed] with the sink, inverse RoPE at the query.
+  const int64_t width = win_width + comp_width;
+  std::vector<int32_t> idx(static_cast<size_t>(S * width));
+  for (int64_t t = 0; t < S; ++t) {
+    std::copy_n(&idx_win[t * win_width], win_width, &idx[t * width]);
+    if (comp_width) std::copy_n(&idx_comp[t * comp_width], comp_width, &idx[t * width + win_width]);
+  }
+  std::vector<float> o(static_cast<size_t>(S * H * Dh));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  for (int64_t t = 0; t < S; ++t) {
+    kernels::attn::sparse_attn(&q[t * H * Dh], static_cast<int>(H), Dh, rows.data(), &idx[t * width], width,
+                               w.attn_sinks.data(), scale, &o[t * H * Dh]);
+  }
+  emit(hook, p + "o_raw", o, S);
+  for (int64_t t = 0; t < S; ++t) {
+    for (int64_t h = 0; h < H; ++h) kernels::rope::apply(rope, &o[(t * H + h) * Dh], Dh, call.pos0 + t, true);
+  }
+  // Grouped low-rank output: u[g] = wo_a[g] . o[g] (fp32 accumulation, one bf16 rounding).
+  const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, gd = H * Dh / G;
+  std::vector<float> u(static_cast<size_t>(S * G * R));
+  for (int64_t g = 0; g < G; ++g) {
+    std::vector<float> og(static_cast<size_t>(S * gd)), ug(static_cast<size_t>(S * R));
+    for (int64_t t = 0; t < S; ++t) std::copy_n(&o[t * H * Dh + g * gd], gd, &og[t * gd]);
+    kernels::linear(w.wo_a.slice_rows(g * R, R), og.data(), S, ug.data());
+    for (int64_t t = 0; t < S; ++t) std::copy_n(&ug[t * R], R, &u[t * G * R + g * R]);
+  }
+  out = project(w.wo_b, u, S);
+}
+
+}  // namespace dsflash::model

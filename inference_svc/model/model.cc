@@ -1,0 +1,158 @@
+// Model loading and the forward pass: embedding, stream expansion, the blocks with their
+// delayed-pre hyper-connections (spec §2.1-2.2), the final collapse and the head (§2.10).
+#include "inference_svc/model/model.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/quant/numeric.h"
+#include "inference_svc/model/call.h"
+#include "inference_svc/model/weights.h"
+#include "kernels/hc/hc.h"
+#include "kernels/norm/norm.h"
+
+namespace dsflash::model {
+
+Model::~Model() = default;
+
+StatusOr<std::unique_ptr<Model>> Model::load(const gguf::Model& file, std::unique_ptr<ExpertSource> experts) {
+  std::unique_ptr<Model> m(new Model());
+  ASSIGN_OR_RETURN(m->cfg_, config::from_gguf(file));
+  RETURN_IF_ERROR(config::validate_tensors(m->cfg_, file));
+  const config::ModelConfig& c = m->cfg_;
+  if (c.hc_mult > static_cast<uint32_t>(kernels::hc::Split::kMaxC)) {
+    return absl::UnimplementedError(absl::StrCat("hyper_connection.count ", c.hc_mult, " > ", kernels::hc::Split::kMaxC));
+  }
+  for (uint32_t l = 0; l < c.n_layer; ++l) {
+    ASSIGN_OR_RETURN(LayerWeights w, load_layer(file, c, static_cast<int>(l)));
+    m->layers_.push_back(std::move(w));
+  }
+  ASSIGN_OR_RETURN(m->token_embd_, kernels::weight_view(file, *file.find_tensor("token_embd.weight")));
+  ASSIGN_OR_RETURN(m->output_, kernels::weight_view(file, *file.find_tensor("output.weight")));
+  ASSIGN_OR_RETURN(m->output_norm_, load_f32(file, "output_norm.weight"));
+  m->rope_plain_ = kernels::rope::make_table(static_cast<int>(c.rope_dims), c.rope_theta, 0, 1.0f, 0, 0);
+  m->rope_yarn_ = kernels::rope::make_table(static_cast<int>(c.rope_dims), c.compress_rope_theta,
+                                            static_cast<int>(c.yarn_orig_ctx), c.yarn_factor, c.yarn_beta_fast,
+                                            c.yarn_beta_slow);
+  if (experts == nullptr) {
+    ASSIGN_OR_RETURN(auto src, GgufExpertSource::create(file, c));
+    experts = std::move(src);
+  }
+  m->experts_ = std::move(experts);
+  return m;
+}
+
+std::unique_ptr<Sequence> Model::new_sequence() const {
+  auto s = std::make_unique<Sequence>();
+  s->layers.resize(cfg_.n_layer);
+  for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
+    LayerState& st = s->layers[l];
+    st.window.assign(static_cast<size_t>(cfg_.window) * cfg_.head_dim, 0.0f);
+    if (cfg_.layers[l].is_kv_source && cfg_.layers[l].compress_ratio == 2) {
+      st.kv_state.assign(2 * cfg_.head_dim, 0.0f);
+      st.score_state.assign(2 * cfg_.head_dim, -INFINITY);
+    }
+  }
+  return s;
+}
+
+void Model::embed(const std::vector<int32_t>& tokens, std::vector<float>& h) const {
+  const int64_t C = cfg_.hc_mult, D = cfg_.n_embd;
+  h.resize(tokens.size() * C * D);
+  std::vector<float> row(static_cast<size_t>(D));
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    kernels::decode_weight_row(token_embd_, tokens[t], row.data());
+    for (int64_t c = 0; c < C; ++c) {
+      for (int64_t d = 0; d < D; ++d) h[(t * C + c) * D + d] = quant::round_bf16(row[d]);
+    }
+  }
+}
+
+// One block (spec §2.2): attention and FFN sub-layers, each collapsing the streams with the
+// *previous* sub-layer's pre coefficients (delayed pre) and expanding back with its own.
+Status Model::block(int l, Sequence& seq, Call& call, std::vector<float>& h, std::vector<float>& pre_mix,
+                    const Hook& hook) const {
+  const LayerWeights& w = layers_[l];
+  const int C = static_cast<int>(cfg_.hc_mult);
+  const int64_t D = cfg_.n_embd, S = call.S, M = cfg_.hc_mix();
+  const std::string p = absl::StrCat("L", l, ".");
+  std::vector<kernels::hc::Split> split(static_cast<size_t>(S));
+  std::vector<float> x(static_cast<size_t>(S * D)), y, res, mix(static_cast<size_t>(M));
+  std::vector<float> attn_pre(static_cast<size_t>(S * C));
+  auto sublayer = [&](const char* name, const HcWeights& hw, const std::vector<float>& norm, const std::vector<float>& in_pre,
+                      std::vector<float>& out_pre, auto&& body) -> Status {
+    res = h;
+    for (int64_t t = 0; t < S; ++t) {
+      kernels::hc::mixes(&h[t * C * D], hw.fn.data(), C, D, cfg_.norm_eps, mix.data());
+      split[t] = kernels::hc::split(mix.data(), hw.scale.data(), hw.base.data(), C, static_cast<int>(cfg_.hc_sinkhorn_iters),
+                                    cfg_.hc_eps);
+      kernels::hc::pre(&h[t * C * D], &in_pre[t * C], C, D, &x[t * D]);
+      std::copy_n(split[t].pre, C, &out_pre[t * C]);
+    }
+    if (hook) hook(p + name + ".hc_pre", x.data(), S, D);
+    kernels::rms_norm(x.data(), norm.data(), S, D, cfg_.norm_eps, x.data());
+    if (hook) hook(p + name + ".norm_out", x.data(), S, D);
+    RETURN_IF_ERROR(body());
+    if (hook) hook(p + name + ".out", y.data(), S, D);
+    for (int64_t t = 0; t < S; ++t) kernels::hc::post(&y[t * D], &res[t * C * D], split[t], C, D, &h[t * C * D]);
+    return absl::OkStatus();
+  };
+  if (hook) hook(p + "stream_in", h.data(), S, C * D);
+  RETURN_IF_ERROR(sublayer("attn", w.hc_attn, w.attn_norm, pre_mix, attn_pre, [&]() -> Status {
+    attention(l, seq, call, x, y, hook);
+    return absl::OkStatus();
+  }));
+  if (hook) hook(p + "ffn.stream_in", h.data(), S, C * D);
+  std::vector<float> ffn_pre(static_cast<size_t>(S * C));
+  RETURN_IF_ERROR(sublayer("ffn", w.hc_ffn, w.ffn_norm, attn_pre, ffn_pre, [&] { return moe(l, x, S, y, hook); }));
+  if (hook) hook(p + "stream_out", h.data(), S, C * D);
+  pre_mix = std::move(ffn_pre);
+  return absl::OkStatus();
+}
+
+void Model::head(const std::vector<float>& h, const std::vector<float>& pre_mix, int64_t S, bool all_logits,
+                 std::vector<float>* logits, const Hook& hook) const {
+  const int C = static_cast<int>(cfg_.hc_mult);
+  const int64_t D = cfg_.n_embd, V = output_.rows;
+  const int64_t first = all_logits ? 0 : S - 1, n = S - first;
+  std::vector<float> x(static_cast<size_t>(n * D));
+  for (int64_t t = first; t < S; ++t) kernels::hc::pre(&h[t * C * D], &pre_mix[t * C], C, D, &x[(t - first) * D]);
+  if (hook) hook("final.hc_pre", x.data(), n, D);
+  kernels::rms_norm(x.data(), output_norm_.data(), n, D, cfg_.norm_eps, x.data());
+  if (hook) hook("final.norm_out", x.data(), n, D);
+  logits->assign(static_cast<size_t>(n * V), 0.0f);
+  kernels::linear(output_, x.data(), n, logits->data(), kernels::OutRound::kF32);
+}
+
+Status Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits,
+                      const Hook& hook) const {
+  const int64_t S = static_cast<int64_t>(tokens.size());
+  if (S == 0) return absl::InvalidArgumentError("forward: no tokens");
+  if (seq.n_past > 0 && S != 1) {
+    return absl::UnimplementedError("forward: after the prefill, tokens go one decode step at a time");
+  }
+  if (seq.n_past + S > static_cast<int64_t>(cfg_.n_ctx)) {
+    return absl::OutOfRangeError(absl::StrCat("sequence of ", seq.n_past + S, " tokens exceeds the context of ", cfg_.n_ctx));
+  }
+  for (int32_t t : tokens) {
+    if (t < 0 || t >= static_cast<int32_t>(cfg_.n_vocab)) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is outside the vocabulary (", cfg_.n_vocab, ")"));
+    }
+    seq.engram_ids.push_back(cfg_.engram.token_map[t]);
+  }
+  Call call;
+  call.pos0 = seq.n_past;
+  call.S = S;
+  call.n_win = call.pos0 == 0 ? S : cfg_.window;
+  std::vector<float> h;
+  embed(tokens, h);
+  std::vector<float> pre_mix(static_cast<size_t>(S * cfg_.hc_mult), 0.0f);
+  for (int64_t t = 0; t < S; ++t) pre_mix[t * cfg_.hc_mult] = 1.0f;
+  for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
+    if (cfg_.layers[l].has_engram) RETURN_IF_ERROR(engram(static_cast<int>(l), seq, call.pos0, S, h, hook));
+    RETURN_IF_ERROR(block(static_cast<int>(l), seq, call, h, pre_mix, hook));
+  }
+  head(h, pre_mix, S, all_logits, logits, hook);
+  seq.n_past += S;
+  return absl::OkStatus();
+}
+
+}  // namespace dsflash::model

@@ -1,0 +1,113 @@
+// The DeepSeek-V4.1 model on the CPU backend: resident weights from a GGUF set, per-sequence
+// state, and the forward pass (prefill of S tokens at position 0, then single-token decode),
+// written against kernels/ and following spec/model-v41.md §2-3 op by op.
+//
+// Conventions of the goldens (../shared/golden/README.md §2), which this code follows:
+//  - every KV source republishes its own index-key cache on every call (spec §2.6 quirk fixed);
+//  - every top-k (indexer, candidate blocks, MoE gate) breaks exact ties towards the lower index;
+//  - plain bf16 GEMMs on the dequantised weights (no activation FP8 quantisation); the four
+//    explicit QDQ points (window KV, compressed KV, indexer q and k) are kept.
+// Thread-safety: a Model is immutable after load and may serve several Sequences, one forward
+// at a time per Sequence.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config/config.h"
+#include "common/gguf/gguf.h"
+#include "common/status.h"
+#include "kernels/linear/linear.h"
+#include "kernels/rope/rope.h"
+
+namespace dsflash::model {
+
+// The three matrices of one routed expert.
+struct ExpertWeights {
+  kernels::Weight gate, up, down;
+};
+
+// Where routed-expert bytes come from: in-process from the GGUF here, from the expert store
+// (shared memory / device arena) in the service. acquire() may block; every acquire is paired
+// with a release() once the forward step no longer reads the weights.
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+  virtual StatusOr<ExpertWeights> acquire(int layer, int expert) = 0;
+  virtual void release(int layer, int expert) = 0;
+};
+
+// Reads expert slices straight from the (mapped) merged 3-D GGUF tensors.
+class GgufExpertSource : public ExpertSource {
+ public:
+  static StatusOr<std::unique_ptr<GgufExpertSource>> create(const gguf::Model& m, const config::ModelConfig& c);
+  StatusOr<ExpertWeights> acquire(int layer, int expert) override;
+  void release(int, int) override {}
+
+ private:
+  std::vector<ExpertWeights> merged_;  // per layer: rows of all experts
+  int64_t n_expert_ = 0;
+};
+
+// Everything a sequence carries between calls (spec §2.12).
+struct LayerState {
+  std::vector<float> window;     // [window][head_dim] ring, slot p mod window
+  std::vector<float> kv_state;   // ratio-2 KV sources: partial group [2][head_dim] fp32
+  std::vector<float> score_state;
+  std::vector<float> comp_kv;    // KV sources: compressed rows [n][head_dim]
+  std::vector<float> index_k;    // KV sources: index keys [n][index_head_dim]
+};
+
+struct Sequence {
+  int64_t n_past = 0;
+  std::vector<LayerState> layers;
+  std::vector<int64_t> engram_ids;  // compressed ids of every position so far
+};
+
+// Called with every named intermediate (e.g. "L3.attn.norm_out", rows x cols values); the
+// hook may overwrite the values (teacher forcing in tests). Diagnosis only.
+using Hook = std::function<void(const std::string& name, float* data, int64_t rows, int64_t cols)>;
+
+struct LayerWeights;  // model/weights.h
+
+class Model {
+ public:
+  static StatusOr<std::unique_ptr<Model>> load(const gguf::Model& file, std::unique_ptr<ExpertSource> experts = nullptr);
+  ~Model();
+
+  const config::ModelConfig& config() const { return cfg_; }
+  std::unique_ptr<Sequence> new_sequence() const;
+
+  // Runs `tokens` at positions seq.n_past...: a prefill (seq empty, any length up to the
+  // context) or one decode token. logits gets [rows][n_vocab] fp32: every position when
+  // all_logits, else the last one only.
+  Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits,
+                 const Hook& hook = nullptr) const;
+
+ private:
+  struct Call;  // per-forward scratch shared between layers (published top-k, candidates)
+  Model() = default;
+  void embed(const std::vector<int32_t>& tokens, std::vector<float>& h) const;
+  Status engram(int layer, Sequence& seq, int64_t pos0, int64_t S, std::vector<float>& h, const Hook& hook) const;
+  Status block(int layer, Sequence& seq, Call& call, std::vector<float>& h, std::vector<float>& pre_mix,
+               const Hook& hook) const;
+  void attention(int layer, Sequence& seq, Call& call, std::vector<float>& x, std::vector<float>& out,
+                 const Hook& hook) const;
+  std::vector<float> compress(int layer, Sequence& seq, const Call& call, const std::vector<float>& x) const;
+  std::vector<int32_t> indexer(int layer, Sequence& seq, Call& call, const std::vector<float>& x,
+                               const std::vector<float>& qr, const std::vector<float>& latent, const Hook& hook) const;
+  Status moe(int layer, const std::vector<float>& x, int64_t S, std::vector<float>& out, const Hook& hook) const;
+  void head(const std::vector<float>& h, const std::vector<float>& pre_mix, int64_t S, bool all_logits,
+            std::vector<float>* logits, const Hook& hook) const;
+
+  config::ModelConfig cfg_;
+  std::vector<LayerWeights> layers_;
+  kernels::Weight token_embd_, output_;
+  std::vector<float> output_norm_;
+  kernels::rope::Table rope_plain_, rope_yarn_;
+  std::unique_ptr<ExpertSource> experts_;
+};
+
+}  // namespace dsflash::model
