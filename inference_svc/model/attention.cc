@@ -33,6 +33,13 @@ void emit(const Hook& hook, const std::string& name, std::vector<float>& v, int6
   if (hook) hook(name, v.data(), rows, rows ? static_cast<int64_t>(v.size()) / rows : 0);
 }
 
+// Index lists go to the hook as floats (read-only: a hook cannot change a decision).
+void emit_idx(const Hook& hook, const std::string& name, const std::vector<int32_t>& v, int64_t rows) {
+  if (!hook) return;
+  std::vector<float> f(v.begin(), v.end());
+  emit(hook, name, f, rows);
+}
+
 }  // namespace
 
 // Ratio-1 sources: a bf16 projection per token. Ratio 2: fp32 projections, a partial group
@@ -133,6 +140,7 @@ std::vector<int32_t> Model::indexer(int l, Sequence& seq, Call& call, const std:
     for (int64_t i = 0; i < k_sel; ++i) out[t * k_sel + i] = top[i] < visible ? top[i] + static_cast<int32_t>(call.n_win) : -1;
   }
   emit(hook, p + "score", score, S);
+  emit_idx(hook, p + "topk", out, S);
   return out;
 }
 
@@ -216,6 +224,7 @@ void Model::attention(int l, Sequence& seq, Call& call, std::vector<float>& x, s
     std::copy_n(&idx_win[t * win_width], win_width, &idx[t * width]);
     if (comp_width) std::copy_n(&idx_comp[t * comp_width], comp_width, &idx[t * width + win_width]);
   }
+  emit_idx(hook, p + "topk_idxs", idx, S);
   std::vector<float> o(static_cast<size_t>(S * H * Dh));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
   for (int64_t t = 0; t < S; ++t) {
