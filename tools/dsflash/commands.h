@@ -11,5 +11,6 @@ int inspect_main(const std::vector<std::string>& args);
 int mkmodel_main(const std::vector<std::string>& args);
 int tokenize_main(const std::vector<std::string>& args);
 int detokenize_main(const std::vector<std::string>& args);
+int logits_main(const std::vector<std::string>& args);
 
 }  // namespace dsflash::tools

@@ -15,7 +15,9 @@ void usage() {
                "  mkmodel --out PATH [--preset tiny|perf] [--seed N] [--shards N] [--experts N]\n"
                "                                            write a synthetic DeepSeek-V4.1 GGUF\n"
                "  tokenize --model FILE [--special] [--chat] TEXT...   text -> token ids\n"
-               "  detokenize --model FILE ID...             token ids -> text\n");
+               "  detokenize --model FILE ID...             token ids -> text\n"
+               "  logits --model FILE --tokens 1,2,3 [--decode N] --out FILE.npy\n"
+               "                                            CPU logits [S + N, vocab]; prints the N greedy tokens\n");
 }
 
 }  // namespace
@@ -31,6 +33,7 @@ int main(int argc, char** argv) {
   if (cmd == "mkmodel") return dsflash::tools::mkmodel_main(args);
   if (cmd == "tokenize") return dsflash::tools::tokenize_main(args);
   if (cmd == "detokenize") return dsflash::tools::detokenize_main(args);
+  if (cmd == "logits") return dsflash::tools::logits_main(args);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     usage();
     return 0;
