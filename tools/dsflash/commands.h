@@ -12,5 +12,6 @@ int mkmodel_main(const std::vector<std::string>& args);
 int tokenize_main(const std::vector<std::string>& args);
 int detokenize_main(const std::vector<std::string>& args);
 int logits_main(const std::vector<std::string>& args);
+int bench_main(const std::vector<std::string>& args);
 
 }  // namespace dsflash::tools

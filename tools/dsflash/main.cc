@@ -12,12 +12,14 @@ void usage() {
   std::fprintf(stderr,
                "usage: dsflash <command> [args]\n"
                "  inspect FILE [--tensors] [--all-keys]     metadata, tensors, family, config, validation\n"
-               "  mkmodel --out PATH [--preset tiny|perf] [--seed N] [--shards N] [--experts N]\n"
+               "  mkmodel --out PATH [--preset tiny|mid|perf] [--seed N] [--shards N] [--experts N]\n"
                "                                            write a synthetic DeepSeek-V4.1 GGUF\n"
                "  tokenize --model FILE [--special] [--chat] TEXT...   text -> token ids\n"
                "  detokenize --model FILE ID...             token ids -> text\n"
                "  logits --model FILE --tokens 1,2,3 [--decode N] --out FILE.npy\n"
-               "                                            CPU logits [S + N, vocab]; prints the N greedy tokens\n");
+               "                                            CPU logits [S + N, vocab]; prints the N greedy tokens\n"
+               "  bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH]\n"
+               "                                            CPU prefill/decode tokens/s -> bench/results.csv\n");
 }
 
 }  // namespace
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   if (cmd == "tokenize") return dsflash::tools::tokenize_main(args);
   if (cmd == "detokenize") return dsflash::tools::detokenize_main(args);
   if (cmd == "logits") return dsflash::tools::logits_main(args);
+  if (cmd == "bench") return dsflash::tools::bench_main(args);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     usage();
     return 0;

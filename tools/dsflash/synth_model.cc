@@ -51,6 +51,22 @@ Dims tiny_dims() {
   return d;
 }
 
+// Between tiny and perf, for CPU benchmarks: 8 layers of width 2048 with every block type,
+// 32 experts top-6, Q2_K-rung expert types (~0.8 GB).
+Dims mid_dims() {
+  Dims d = tiny_dims();
+  d.D = 2048; d.L = 8; d.H = 16; d.Dh = 256; d.rope = 32; d.q_lora = 512; d.o_groups = 4; d.o_rank = 512;
+  d.window = 64; d.idx_heads = 8; d.idx_dim = 64; d.idx_topk = 64;
+  d.E = 32; d.E_used = 6; d.F = 1024; d.ctx = 4096; d.yarn_orig = 1024; d.yarn_factor = 4;
+  d.ratios = {0, 2, 2, 2, 1, 1, 1, 1, 0};
+  d.kv = {1, 4};
+  d.idx = {1, 4, 6};
+  d.cand = 4; d.cand_blocks = 32; d.cand_size = 4;  // (32 - 1) * 4 + 1 >= 64 reachable positions
+  d.engram_layers = {0, 1}; d.e_heads = 4; d.e_dim = 256; d.e_vocab_start = 10000;
+  d.n_merges = 1500;
+  return d;
+}
+
 // Released dimensions (spec §1.1); Q2_K rung: experts Q2_K gate/up and Q3_K down, Engram
 // rows Q2_K, attention and shared expert Q4_K, embeddings Q4_K, head Q6_K.
 Dims perf_dims() {
@@ -325,8 +341,9 @@ void add_engram(Builder& b, const Dims& d, int layer, uint64_t rows) {
 StatusOr<SynthPlan> plan_synthetic_model(const SynthOptions& o) {
   Dims d;
   if (o.preset == "tiny") d = tiny_dims();
+  else if (o.preset == "mid") d = mid_dims();
   else if (o.preset == "perf") d = perf_dims();
-  else return absl::InvalidArgumentError(absl::StrCat("unknown preset '", o.preset, "' (tiny or perf)"));
+  else return absl::InvalidArgumentError(absl::StrCat("unknown preset '", o.preset, "' (tiny, mid or perf)"));
   if (o.n_expert > 0) {
     if (o.n_expert < d.E_used) return absl::InvalidArgumentError(absl::StrCat("--experts must be >= top-k (", d.E_used, ")"));
     d.E = o.n_expert;

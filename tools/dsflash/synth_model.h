@@ -2,7 +2,8 @@
 // magnitudes, a real byte-level BPE vocabulary trained on text in the repository, Engram
 // constants built the way the official code builds them (token map from the tokenizer,
 // consecutive primes, odd in-range multipliers). Presets: `tiny` (a few MB, for the demo and
-// tests) and `perf` (the released dimensions, fewer routed experts, Q2_K-rung types).
+// tests), `mid` (~0.8 GB, CPU benchmarks) and `perf` (the released dimensions, fewer routed
+// experts, Q2_K-rung types).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +18,7 @@
 namespace dsflash::tools {
 
 struct SynthOptions {
-  std::string preset = "tiny";   // tiny | perf
+  std::string preset = "tiny";   // tiny | mid | perf
   uint64_t seed = 1;
   uint32_t n_expert = 0;         // 0: the preset's default (tiny 8, perf 16)
   uint32_t threads = 0;          // 0: hardware concurrency

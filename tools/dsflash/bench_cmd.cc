@@ -1,0 +1,136 @@
+// `dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--label L]`:
+// CPU prefill and decode throughput of one sequence (median of R runs, all cores), with the
+// bytes-moved bound for decode, appended to bench/results.csv:
+//   date,commit,machine,benchmark,configuration,metric,value,unit
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/gguf/gguf.h"
+#include "inference_svc/model/model.h"
+#include "kernels/cpu/parallel.h"
+#include "tools/dsflash/args.h"
+#include "tools/dsflash/commands.h"
+
+namespace dsflash::tools {
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string shell_line(const char* cmd) {
+  std::string out;
+  if (FILE* p = ::popen(cmd, "r")) {
+    char buf[256];
+    if (std::fgets(buf, sizeof(buf), p)) out = buf;
+    ::pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+// Bytes of weights one decode token reads: every tensor except the routed experts and the
+// Engram tables, plus top-k of the routed experts per layer and the Engram rows.
+double decode_bytes(const gguf::Model& m, const config::ModelConfig& c) {
+  double bytes = 0;
+  for (const auto& t : m.tensors()) {
+    if (t.name.find("_exps.") != std::string::npos) {
+      bytes += static_cast<double>(t.n_bytes) * c.n_expert_used / c.n_expert;
+    } else if (t.name.find("engram_embd") != std::string::npos) {
+      bytes += static_cast<double>(t.n_bytes) / static_cast<double>(t.ne[1]) * c.engram.cols();
+    } else if (t.name != "token_embd.weight") {
+      bytes += static_cast<double>(t.n_bytes);
+    }
+  }
+  return bytes;
+}
+
+struct Result {
+  double prefill_tps, decode_tps;
+};
+
+StatusOr<Result> measure(const model::Model& m, int64_t n_prompt, int64_t n_decode, int runs) {
+  std::vector<double> pre, dec;
+  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
+  for (int64_t i = 0; i < n_prompt; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7919) % (m.config().n_vocab - 3));
+  for (int r = 0; r < runs + 1; ++r) {  // the first run warms caches and is not counted
+    auto seq = m.new_sequence();
+    std::vector<float> logits;
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(m.forward(*seq, prompt, false, &logits));
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < n_decode; ++i) {
+      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      RETURN_IF_ERROR(m.forward(*seq, {next}, false, &logits));
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    if (r == 0) continue;
+    pre.push_back(n_prompt / std::chrono::duration<double>(t1 - t0).count());
+    dec.push_back(n_decode / std::chrono::duration<double>(t2 - t1).count());
+  }
+  return Result{median(pre), median(dec)};
+}
+
+Status run(const Args& a) {
+  ASSIGN_OR_RETURN(const int64_t n_prompt, a.get_int("prompt", 64));
+  ASSIGN_OR_RETURN(const int64_t n_decode, a.get_int("decode", 16));
+  ASSIGN_OR_RETURN(const int64_t runs, a.get_int("runs", 3));
+  if (n_prompt < 1 || n_decode < 1 || runs < 1) return absl::InvalidArgumentError("--prompt, --decode, --runs must be >= 1");
+  ASSIGN_OR_RETURN(auto file, gguf::Model::open(a.get_or("model", "")));
+  ASSIGN_OR_RETURN(auto m, model::Model::load(*file));
+  if (n_prompt + n_decode > m->config().n_ctx) return absl::InvalidArgumentError("prompt + decode exceed the context");
+  ASSIGN_OR_RETURN(const Result r, measure(*m, n_prompt, n_decode, static_cast<int>(runs)));
+  const double bytes = decode_bytes(*file, m->config());
+  char host[128] = "unknown";
+  ::gethostname(host, sizeof(host));
+  const std::string machine = absl::StrCat(host, " (", kernels::cpu::n_threads(), " threads, ",
+                                           shell_line("uname -m"), ")");
+  const std::string date = shell_line("date -u +%Y-%m-%dT%H:%M:%SZ");
+  const std::string commit = shell_line("git rev-parse --short HEAD 2>/dev/null");
+  const std::string config = absl::StrCat(a.get_or("label", m->config().name), " prompt=", n_prompt, " decode=", n_decode,
+                                          " runs=", runs, " backend=cpu");
+  const std::vector<std::tuple<std::string, double, std::string>> rows = {
+      {"prefill_tokens_per_s", r.prefill_tps, "tok/s"},
+      {"decode_tokens_per_s", r.decode_tps, "tok/s"},
+      {"decode_weight_bytes_per_token", bytes, "bytes"},
+      {"decode_weight_read_rate", bytes * r.decode_tps / 1e9, "GB/s"},
+  };
+  const std::string csv = a.get_or("csv", "bench/results.csv");
+  const bool fresh = !std::ifstream(csv).good();
+  std::ofstream out(csv, std::ios::app);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot append to '", csv, "'"));
+  if (fresh) out << "date,commit,machine,benchmark,configuration,metric,value,unit\n";
+  for (const auto& [metric, value, unit] : rows) {
+    out << date << ',' << commit << ",\"" << machine << "\",cpu_forward,\"" << config << "\"," << metric << ','
+        << value << ',' << unit << '\n';
+    std::printf("%-32s %12.3f %s\n", metric.c_str(), value, unit.c_str());
+  }
+  std::printf("appended %zu rows to %s (median of %lld runs; %s)\n", rows.size(), csv.c_str(),
+              static_cast<long long>(runs), machine.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int bench_main(const std::vector<std::string>& argv) {
+  auto args = Args::parse(argv, {}, {"model", "prompt", "decode", "runs", "csv", "label"});
+  if (!args.ok() || !args->has("model")) {
+    std::fprintf(stderr, "usage: dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--label L]\n");
+    return 2;
+  }
+  const Status s = run(*args);
+  if (!s.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace dsflash::tools
