@@ -7,6 +7,22 @@
 #include "kernels/linear/linear.h"
 
 namespace dsflash::kernels {
+namespace {
+
+// fp32 dot product with 8 interleaved partial sums (lane i takes elements i, i+8, ...),
+// combined in a fixed order: vectorisable, and the same order for every call shape, so a
+// prefill and a decode step compute bit-identical rows.
+float dot(const float* a, const float* b, int64_t n) {
+  float lane[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) lane[j] += a[i + j] * b[i + j];
+  }
+  for (; i < n; ++i) lane[i % 8] += a[i] * b[i];
+  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
+}  // namespace
 
 Weight Weight::slice_rows(int64_t first, int64_t n) const {
   Weight w = *this;
@@ -43,9 +59,7 @@ void linear(const Weight& w, const float* x, int64_t n_tok, float* y, OutRound r
         for (int64_t o = begin; o < end; ++o) {
           decode_weight_row(w, o, row.data());
           for (int64_t t = 0; t < n_tok; ++t) {
-            const float* xt = x + t * K;
-            float acc = 0.0f;
-            for (int64_t i = 0; i < K; ++i) acc += xt[i] * row[i];
+            const float acc = dot(x + t * K, row.data(), K);
             y[t * N + o] = round == OutRound::kBf16 ? quant::round_bf16(acc) : acc;
           }
         }
