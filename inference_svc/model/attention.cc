@@ -144,12 +144,102 @@ std::vector<int32_t> Model::indexer(int l, Sequence& seq, Call& call, const std:
   return out;
 }
 
+// KV rows given to sparse attention and each query's index list into them.
+struct Model::KvSet {
+  std::vector<float> rows;    // [n][head_dim]
+  std::vector<int32_t> idx;   // [S][width]
+  int64_t width = 0;
+};
+
+namespace {
+
+// Window rows (spec §2.4 steps 3-5): kv_norm(wkv x), RoPE, FP8 QDQ; the ring keeps the last
+// `window` rows. Prefill attends this call's rows (lists max(0, t-W+1)..t); decode attends the
+// ring, oldest slot first, slots not yet written as -1.
+void window_kv(const config::ModelConfig& c, const LayerWeights& w, const kernels::rope::Table& rope, LayerState& st,
+               int64_t pos0, int64_t S, const std::vector<float>& x, std::vector<float>& kv, std::vector<int32_t>& idx,
+               int64_t& width) {
+  const int64_t Dh = c.head_dim, W = c.window;
+  kv = project(w.wkv, x, S);
+  norm_rows(kv, w.kv_norm, c.norm_eps);
+  for (int64_t t = 0; t < S; ++t) {
+    kernels::rope::apply(rope, &kv[t * Dh], Dh, pos0 + t);
+    kernels::qdq::fp8_e8m0_32(&kv[t * Dh], Dh);
+  }
+  for (int64_t t = std::max<int64_t>(0, S - W); t < S; ++t) {
+    std::copy_n(&kv[t * Dh], Dh, st.window.begin() + ((pos0 + t) % W) * Dh);
+  }
+  width = pos0 == 0 ? std::min(S, W) : W;
+  idx.resize(static_cast<size_t>(S * width));
+  for (int64_t t = 0; t < S; ++t) {
+    for (int64_t j = 0; j < width; ++j) {
+      const int64_t v = pos0 == 0 ? std::max<int64_t>(0, t - W + 1) + j : (pos0 % W + 1 + j) % W;
+      idx[t * width + j] = static_cast<int32_t>(v > (pos0 == 0 ? t : pos0) ? -1 : v);
+    }
+  }
+}
+
+// Grouped low-rank output (steps 14-16): u[g] = wo_a[g] . o[g] (fp32 accumulation, one bf16
+// rounding), out = wo_b(u) with u flattened group-major.
+std::vector<float> grouped_output(const config::ModelConfig& c, const LayerWeights& w, const std::vector<float>& o,
+                                  int64_t S) {
+  const int64_t H = c.n_head, Dh = c.head_dim, G = c.o_groups, R = c.o_lora_rank, gd = H * Dh / G;
+  std::vector<float> u(static_cast<size_t>(S * G * R)), og(static_cast<size_t>(S * gd)), ug(static_cast<size_t>(S * R));
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t t = 0; t < S; ++t) std::copy_n(&o[t * H * Dh + g * gd], gd, &og[t * gd]);
+    kernels::linear(w.wo_a.slice_rows(g * R, R), og.data(), S, ug.data());
+    for (int64_t t = 0; t < S; ++t) std::copy_n(&ug[t * R], R, &u[t * G * R + g * R]);
+  }
+  return project(w.wo_b, u, S);
+}
+
+}  // namespace
+
+// Compressed part (steps 6-11): sources compress, index sources select, then this layer's
+// KV source's rows [0, compress_len) and the published top-k join the window set.
+void Model::compressed_kv(int l, Sequence& seq, Call& call, const std::vector<float>& x, const std::vector<float>& qr,
+                          KvSet& kv, const Hook& hook) const {
+  const config::LayerConfig& L = cfg_.layers[l];
+  const int r = L.compress_ratio;
+  const int64_t Dh = cfg_.head_dim, S = call.S, compress_len = (call.pos0 + S) / r;
+  std::vector<float> latent;
+  if (L.is_kv_source) {
+    latent = compress(l, seq, call, x);
+    emit(hook, absl::StrCat("L", l, ".compressor.latent"), latent, static_cast<int64_t>(latent.size()) / Dh);
+  }
+  if (L.is_index_source) {
+    // The indexer needs the latent before RoPE, so it runs before the cache is written.
+    call.topk = compress_len == 0 ? std::vector<int32_t>() : indexer(l, seq, call, x, qr, latent, hook);
+    call.topk_width = compress_len == 0 ? 0 : std::min<int64_t>(cfg_.index_topk, compress_len);
+  }
+  if (!latent.empty()) {
+    // Group j stands at its first token's position j * r; FP4 with E4M3 scales per 16.
+    const int64_t n = static_cast<int64_t>(latent.size()) / Dh;
+    for (int64_t j = 0; j < n; ++j) {
+      kernels::rope::apply(rope_yarn_, &latent[j * Dh], Dh, call.pos0 == 0 ? j * r : call.pos0 + 1 - r);
+      kernels::qdq::fp4_e4m3_16(&latent[j * Dh], Dh);
+    }
+    std::vector<float>& cache = seq.layers[l].comp_kv;
+    cache.insert(cache.end(), latent.begin(), latent.end());
+  }
+  const std::vector<float>& src = seq.layers[L.kv_source].comp_kv;
+  kv.rows.insert(kv.rows.end(), src.begin(), src.begin() + compress_len * Dh);
+  const int64_t width = kv.width + call.topk_width;
+  std::vector<int32_t> idx(static_cast<size_t>(S * width));
+  for (int64_t t = 0; t < S; ++t) {
+    std::copy_n(&kv.idx[t * kv.width], kv.width, &idx[t * width]);
+    std::copy_n(call.topk.begin() + t * call.topk_width, call.topk_width, &idx[t * width + kv.width]);
+  }
+  kv.idx = std::move(idx);
+  kv.width = width;
+}
+
 void Model::attention(int l, Sequence& seq, Call& call, std::vector<float>& x, std::vector<float>& out,
                       const Hook& hook) const {
   const LayerWeights& w = layers_[l];
   const config::LayerConfig& L = cfg_.layers[l];
   const kernels::rope::Table& rope = L.compress_ratio > 0 ? rope_yarn_ : rope_plain_;
-  const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim, W = cfg_.window;
+  const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim;
   const std::string p = absl::StrCat("L", l, ".attn.");
   // Query: qr = q_norm(wq_a x) (kept for the indexer); q = wq_b qr, RoPE on every head's tail.
   std::vector<float> qr = project(w.wq_a, x, S);
@@ -160,91 +250,24 @@ void Model::attention(int l, Sequence& seq, Call& call, std::vector<float>& x, s
     for (int64_t h = 0; h < H; ++h) kernels::rope::apply(rope, &q[(t * H + h) * Dh], Dh, call.pos0 + t);
   }
   emit(hook, p + "q", q, S);
-  // Window KV: kv_norm(wkv x), RoPE, FP8 QDQ; prefill attends the fresh rows, decode the ring.
-  std::vector<float> kv = project(w.wkv, x, S);
-  norm_rows(kv, w.kv_norm, cfg_.norm_eps);
-  for (int64_t t = 0; t < S; ++t) {
-    kernels::rope::apply(rope, &kv[t * Dh], Dh, call.pos0 + t);
-    kernels::qdq::fp8_e8m0_32(&kv[t * Dh], Dh);
-  }
-  emit(hook, p + "window_kv", kv, S);
-  std::vector<float>& ring = seq.layers[l].window;
-  for (int64_t t = std::max<int64_t>(0, S - W); t < S; ++t) {
-    std::copy_n(&kv[t * Dh], Dh, ring.begin() + ((call.pos0 + t) % W) * Dh);
-  }
-  std::vector<float> rows = call.pos0 == 0 ? kv : ring;
-  const int64_t win_width = call.pos0 == 0 ? std::min(S, W) : W;
-  std::vector<int32_t> idx_win(static_cast<size_t>(S * win_width));
-  for (int64_t t = 0; t < S; ++t) {
-    for (int64_t j = 0; j < win_width; ++j) {
-      int64_t v;
-      if (call.pos0 == 0) {
-        v = std::max<int64_t>(0, t - W + 1) + j;
-        if (v > t) v = -1;
-      } else {
-        v = (call.pos0 % W + 1 + j) % W;
-        if (v > call.pos0) v = -1;
-      }
-      idx_win[t * win_width + j] = static_cast<int32_t>(v);
-    }
-  }
-  // Compressed KV and the compressed top-k (spec §2.4 steps 6-10).
-  std::vector<int32_t> idx_comp;
-  int64_t comp_width = 0;
-  if (L.compress_ratio > 0) {
-    const int r = L.compress_ratio;
-    const int64_t compress_len = (call.pos0 + S) / r;
-    std::vector<float> latent;
-    if (L.is_kv_source) {
-      latent = compress(l, seq, call, x);
-      emit(hook, absl::StrCat("L", l, ".compressor.latent"), latent, static_cast<int64_t>(latent.size()) / Dh);
-    }
-    if (L.is_index_source) {
-      call.topk = compress_len == 0 ? std::vector<int32_t>() : indexer(l, seq, call, x, qr, latent, hook);
-      call.topk_width = compress_len == 0 ? 0 : std::min<int64_t>(cfg_.index_topk, compress_len);
-    }
-    idx_comp = call.topk;
-    comp_width = call.topk_width;
-    if (!latent.empty()) {
-      const int64_t n = static_cast<int64_t>(latent.size()) / Dh;
-      for (int64_t j = 0; j < n; ++j) {
-        kernels::rope::apply(rope, &latent[j * Dh], Dh, call.pos0 == 0 ? j * r : call.pos0 + 1 - r);
-        kernels::qdq::fp4_e4m3_16(&latent[j * Dh], Dh);
-      }
-      std::vector<float>& cache = seq.layers[l].comp_kv;
-      cache.insert(cache.end(), latent.begin(), latent.end());
-    }
-    const std::vector<float>& src = seq.layers[L.kv_source].comp_kv;
-    rows.insert(rows.end(), src.begin(), src.begin() + compress_len * Dh);
-  }
-  // Sparse attention over [window ; compressed] with the sink, inverse RoPE at the query.
-  const int64_t width = win_width + comp_width;
-  std::vector<int32_t> idx(static_cast<size_t>(S * width));
-  for (int64_t t = 0; t < S; ++t) {
-    std::copy_n(&idx_win[t * win_width], win_width, &idx[t * width]);
-    if (comp_width) std::copy_n(&idx_comp[t * comp_width], comp_width, &idx[t * width + win_width]);
-  }
-  emit_idx(hook, p + "topk_idxs", idx, S);
+  KvSet kv;
+  window_kv(cfg_, w, rope, seq.layers[l], call.pos0, S, x, kv.rows, kv.idx, kv.width);
+  emit(hook, p + "window_kv", kv.rows, S);
+  if (call.pos0 > 0) kv.rows = seq.layers[l].window;
+  if (L.compress_ratio > 0) compressed_kv(l, seq, call, x, qr, kv, hook);
+  emit_idx(hook, p + "topk_idxs", kv.idx, S);
+  // Sparse attention with the sink, then the inverse RoPE at the query position.
   std::vector<float> o(static_cast<size_t>(S * H * Dh));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
   for (int64_t t = 0; t < S; ++t) {
-    kernels::attn::sparse_attn(&q[t * H * Dh], static_cast<int>(H), Dh, rows.data(), &idx[t * width], width,
+    kernels::attn::sparse_attn(&q[t * H * Dh], static_cast<int>(H), Dh, kv.rows.data(), &kv.idx[t * kv.width], kv.width,
                                w.attn_sinks.data(), scale, &o[t * H * Dh]);
   }
   emit(hook, p + "o_raw", o, S);
   for (int64_t t = 0; t < S; ++t) {
     for (int64_t h = 0; h < H; ++h) kernels::rope::apply(rope, &o[(t * H + h) * Dh], Dh, call.pos0 + t, true);
   }
-  // Grouped low-rank output: u[g] = wo_a[g] . o[g] (fp32 accumulation, one bf16 rounding).
-  const int64_t G = cfg_.o_groups, R = cfg_.o_lora_rank, gd = H * Dh / G;
-  std::vector<float> u(static_cast<size_t>(S * G * R));
-  for (int64_t g = 0; g < G; ++g) {
-    std::vector<float> og(static_cast<size_t>(S * gd)), ug(static_cast<size_t>(S * R));
-    for (int64_t t = 0; t < S; ++t) std::copy_n(&o[t * H * Dh + g * gd], gd, &og[t * gd]);
-    kernels::linear(w.wo_a.slice_rows(g * R, R), og.data(), S, ug.data());
-    for (int64_t t = 0; t < S; ++t) std::copy_n(&ug[t * R], R, &u[t * G * R + g * R]);
-  }
-  out = project(w.wo_b, u, S);
+  out = grouped_output(cfg_, w, o, S);
 }
 
 }  // namespace dsflash::model

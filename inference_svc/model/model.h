@@ -87,7 +87,8 @@ class Model {
                  const Hook& hook = nullptr) const;
 
  private:
-  struct Call;  // per-forward scratch shared between layers (published top-k, candidates)
+  struct Call;   // per-forward scratch shared between layers (published top-k, candidates)
+  struct KvSet;  // rows and index lists given to sparse attention
   Model() = default;
   void embed(const std::vector<int32_t>& tokens, std::vector<float>& h) const;
   Status engram(int layer, Sequence& seq, int64_t pos0, int64_t S, std::vector<float>& h, const Hook& hook) const;
@@ -95,6 +96,8 @@ class Model {
                const Hook& hook) const;
   void attention(int layer, Sequence& seq, Call& call, std::vector<float>& x, std::vector<float>& out,
                  const Hook& hook) const;
+  void compressed_kv(int layer, Sequence& seq, Call& call, const std::vector<float>& x, const std::vector<float>& qr,
+                     KvSet& kv, const Hook& hook) const;
   std::vector<float> compress(int layer, Sequence& seq, const Call& call, const std::vector<float>& x) const;
   std::vector<int32_t> indexer(int layer, Sequence& seq, Call& call, const std::vector<float>& x,
                                const std::vector<float>& qr, const std::vector<float>& latent, const Hook& hook) const;
