@@ -49,6 +49,16 @@ std::optional<std::string> unicode_to_bytes(std::string_view text) {
   return out;
 }
 
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const uni::Char& c : uni::decode_utf8(s)) {
+    if (c.cp < 0) out += "\xEF\xBF\xBD";  // U+FFFD for a byte that is not part of a valid character
+    else out.append(s.substr(c.offset, c.len));
+  }
+  return out;
+}
+
 size_t complete_utf8_prefix(std::string_view s) {
   // Look back at most 3 bytes for the lead byte of a trailing sequence.
   const size_t n = s.size();
@@ -254,7 +264,7 @@ StatusOr<std::string> Detokenizer::push(int32_t id) {
   if (skip_special_ && t_.is_control(id)) return std::string();
   pending_ += b;
   const size_t n = complete_utf8_prefix(pending_);
-  std::string ready = pending_.substr(0, n);
+  std::string ready = valid_utf8(std::string_view(pending_).substr(0, n));
   pending_.erase(0, n);
   return ready;
 }

@@ -67,7 +67,8 @@ class Tokenizer {
   std::vector<int32_t> byte_token_;                         // byte -> id of its byte-level token
 };
 
-// Incremental detokeniser for streaming: never returns a split UTF-8 character.
+// Incremental detokeniser for streaming: returns valid UTF-8 only, never a split character
+// (bytes that cannot form a character become U+FFFD).
 class Detokenizer {
  public:
   Detokenizer(const Tokenizer& t, bool skip_special) : t_(t), skip_special_(skip_special) {}
@@ -93,6 +94,8 @@ std::optional<std::string> unicode_to_bytes(std::string_view text);
 // Length of the longest prefix of `s` made of complete UTF-8 characters, looking only at an
 // incomplete sequence at the very end.
 size_t complete_utf8_prefix(std::string_view s);
+// `s` with every byte that is not part of a valid UTF-8 character replaced by U+FFFD.
+std::string valid_utf8(std::string_view s);
 
 // ---- chat format (V4.1 encoding, spec §5) -----------------------------------------------
 struct ChatMessage {

@@ -13,5 +13,6 @@ int tokenize_main(const std::vector<std::string>& args);
 int detokenize_main(const std::vector<std::string>& args);
 int logits_main(const std::vector<std::string>& args);
 int bench_main(const std::vector<std::string>& args);
+int generate_main(const std::vector<std::string>& args);
 
 }  // namespace dsflash::tools

@@ -19,7 +19,9 @@ void usage() {
                "  logits --model FILE --tokens 1,2,3 [--decode N] --out FILE.npy\n"
                "                                            CPU logits [S + N, vocab]; prints the N greedy tokens\n"
                "  bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH]\n"
-               "                                            CPU prefill/decode tokens/s -> bench/results.csv\n");
+               "                                            CPU prefill/decode tokens/s -> bench/results.csv\n"
+               "  generate [--server ADDR] [--chat] [--max-tokens N] [--temperature T] [--seed N] [--json] PROMPT...\n"
+               "                                            stream text from a running dsflash-inference\n");
 }
 
 }  // namespace
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
   if (cmd == "detokenize") return dsflash::tools::detokenize_main(args);
   if (cmd == "logits") return dsflash::tools::logits_main(args);
   if (cmd == "bench") return dsflash::tools::bench_main(args);
+  if (cmd == "generate") return dsflash::tools::generate_main(args);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     usage();
     return 0;

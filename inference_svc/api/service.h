@@ -1,0 +1,54 @@
+// dsflash.v1.Inference over gRPC's callback API: request validation and translation at the
+// edge, Generate as a write reactor fed by the engine (one write in flight, never blocking in
+// a reaction), GenerateUnary, Tokenize and GetModelInfo. Status -> grpc::Status mapping
+// happens here only.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dsflash/v1/inference.grpc.pb.h"
+#include "inference_svc/engine/engine.h"
+
+namespace dsflash::api {
+
+struct ServiceInfo {
+  std::string model_name;
+  std::string backend = "cpu";
+};
+
+class InferenceService final : public dsflash::v1::Inference::CallbackService {
+ public:
+  InferenceService(engine::Engine& engine, const tok::Tokenizer& tok, const config::ModelConfig& cfg,
+                   engine::Metrics* metrics, ServiceInfo info)
+      : engine_(engine), tok_(tok), cfg_(cfg), metrics_(metrics), info_(std::move(info)) {}
+
+  grpc::ServerWriteReactor<dsflash::v1::GenerateEvent>* Generate(grpc::CallbackServerContext* ctx,
+                                                                 const dsflash::v1::GenerateRequest* req) override;
+  grpc::ServerUnaryReactor* GenerateUnary(grpc::CallbackServerContext* ctx, const dsflash::v1::GenerateRequest* req,
+                                          dsflash::v1::GenerateResult* res) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const dsflash::v1::TokenizeRequest* req,
+                                     dsflash::v1::TokenizeResponse* res) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const dsflash::v1::GetModelInfoRequest* req,
+                                         dsflash::v1::ModelInfo* res) override;
+
+  // Turns a request into engine parameters (tokenising text or chat). Exposed for tests.
+  StatusOr<engine::GenerateParams> to_params(const grpc::CallbackServerContext* ctx,
+                                             const dsflash::v1::GenerateRequest& req) const;
+
+  engine::Engine& engine() { return engine_; }
+  engine::Metrics* metrics() { return metrics_; }
+  const tok::Tokenizer& tokenizer() const { return tok_; }
+
+ private:
+  engine::Engine& engine_;
+  const tok::Tokenizer& tok_;
+  const config::ModelConfig& cfg_;
+  engine::Metrics* metrics_;
+  ServiceInfo info_;
+};
+
+// absl::Status -> grpc::Status with the same code and message.
+grpc::Status to_grpc(const Status& s);
+
+}  // namespace dsflash::api

@@ -1,0 +1,253 @@
+// Scheduler thread and the generation loop (see engine.h).
+#include "inference_svc/engine/engine.h"
+
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "inference_svc/engine/stop_matcher.h"
+
+namespace dsflash::engine {
+namespace {
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+Status invalid(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+}  // namespace
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kEos: return "eos";
+    case FinishReason::kStopSequence: return "stop_sequence";
+    case FinishReason::kStopToken: return "stop_token";
+  }
+  return "?";
+}
+
+Engine::Engine(const model::Model& model, const tok::Tokenizer& tok, Metrics* metrics, EngineOptions options)
+    : model_(model), tok_(tok), metrics_(metrics), opt_(options) {
+  if (metrics_) metrics_->queue_capacity->Set(static_cast<double>(opt_.max_queue));
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  abort_all(absl::UnavailableError("the server is shutting down"));
+  cv_.notify_all();
+  thread_.join();
+}
+
+Status Engine::validate(GenerateParams& p) const {
+  const int64_t V = model_.config().n_vocab, ctx = model_.config().n_ctx;
+  if (p.prompt.empty()) return invalid("prompt", "empty: give prompt text, token ids or chat messages");
+  for (size_t i = 0; i < p.prompt.size(); ++i) {
+    if (p.prompt[i] < 0 || p.prompt[i] >= V) {
+      return invalid("prompt_token_ids", absl::StrCat("id ", p.prompt[i], " at ", i, " is outside the vocabulary (", V, ")"));
+    }
+  }
+  const int64_t room = ctx - static_cast<int64_t>(p.prompt.size());
+  if (room < 1) {
+    return invalid("prompt", absl::StrCat(p.prompt.size(), " tokens leave no room in the context of ", ctx));
+  }
+  StopParams& s = p.stop;
+  if (s.max_new_tokens == 0) s.max_new_tokens = static_cast<uint32_t>(std::min<int64_t>(opt_.default_max_new_tokens, room));
+  if (s.max_new_tokens > room) {
+    return invalid("stopping.max_new_tokens", absl::StrCat("prompt (", p.prompt.size(), " tokens) + ", s.max_new_tokens,
+                                                           " exceeds the context of ", ctx));
+  }
+  if (s.min_new_tokens > s.max_new_tokens) return invalid("stopping.min_new_tokens", "greater than max_new_tokens");
+  if (s.stop.size() > opt_.max_stop_strings) return invalid("stopping.stop", absl::StrCat("more than ", opt_.max_stop_strings, " strings"));
+  for (const auto& st : s.stop) {
+    if (st.empty() || st.size() > opt_.max_stop_bytes) {
+      return invalid("stopping.stop", absl::StrCat("each stop string needs 1..", opt_.max_stop_bytes, " bytes"));
+    }
+  }
+  for (int32_t t : s.stop_token_ids) {
+    if (t < 0 || t >= V) return invalid("stopping.stop_token_ids", absl::StrCat("id ", t, " is outside the vocabulary"));
+  }
+  const SamplingParams& q = p.sampling;
+  if (!std::isfinite(q.temperature) || q.temperature < 0) return invalid("sampling.temperature", "must be >= 0");
+  if (!(q.top_p > 0 && q.top_p <= 1)) return invalid("sampling.top_p", "must be in (0, 1]");
+  if (q.top_k < 0) return invalid("sampling.top_k", "must be >= 0");
+  if (!(q.min_p >= 0 && q.min_p <= 1)) return invalid("sampling.min_p", "must be in [0, 1]");
+  if (!(q.repetition_penalty > 0) || !std::isfinite(q.repetition_penalty)) {
+    return invalid("sampling.repetition_penalty", "must be > 0");
+  }
+  if (!std::isfinite(q.presence_penalty) || !std::isfinite(q.frequency_penalty)) {
+    return invalid("sampling", "penalties must be finite");
+  }
+  if (p.output.top_logprobs > opt_.max_top_logprobs) {
+    return invalid("output.top_logprobs", absl::StrCat("at most ", opt_.max_top_logprobs));
+  }
+  if (!p.seed_given) {
+    std::random_device rd;
+    p.sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  return absl::OkStatus();
+}
+
+Status Engine::submit(GenerateParams p, std::shared_ptr<Stream> stream) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (draining_ || stop_) {
+    if (metrics_) metrics_->rejected("draining");
+    return absl::UnavailableError("the server is draining and admits no new requests");
+  }
+  if (queue_.size() >= opt_.max_queue) {
+    if (metrics_) metrics_->rejected("queue_full");
+    return absl::ResourceExhaustedError(absl::StrCat("admission queue full (", opt_.max_queue, " waiting); retry later"));
+  }
+  queue_.push_back(Job{std::move(p), std::move(stream), Clock::now()});
+  if (metrics_) metrics_->waiting->Set(static_cast<double>(queue_.size()));
+  cv_.notify_one();
+  return absl::OkStatus();
+}
+
+void Engine::drain() { draining_ = true; }
+
+size_t Engine::in_flight() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return queue_.size() + (running_job_ ? 1 : 0);
+}
+
+void Engine::abort_all(const Status& s) {
+  std::deque<Job> dropped;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    abort_status_ = s;
+    abort_ = true;
+    dropped.swap(queue_);
+    if (metrics_) metrics_->waiting->Set(0);
+  }
+  for (Job& j : dropped) j.stream->on_error(s);
+}
+
+void Engine::loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      running_job_ = true;
+      abort_ = false;
+      if (metrics_) {
+        metrics_->waiting->Set(static_cast<double>(queue_.size()));
+        metrics_->running->Set(1);
+      }
+    }
+    run(job);
+    std::lock_guard<std::mutex> l(mu_);
+    running_job_ = false;
+    if (metrics_) metrics_->running->Set(0);
+  }
+}
+
+void Engine::run(Job& job) {
+  FinalEvent fin;
+  const Status s = generate(job, fin);
+  if (!s.ok()) {
+    job.stream->on_error(s);
+    return;
+  }
+  if (metrics_) {
+    metrics_->finished(finish_reason_name(fin.reason));
+    metrics_->e2e->Observe(fin.e2e_s);
+    metrics_->generation_tokens_hist->Observe(fin.completion_tokens);
+  }
+  job.stream->on_final(std::move(fin));
+}
+
+// Prefill, then one token per step until a stop condition; checks cancellation, deadline
+// and shutdown before every model call.
+Status Engine::generate(Job& job, FinalEvent& fin) {
+  const GenerateParams& p = job.p;
+  const auto start = Clock::now();
+  fin.queue_s = seconds(start - job.admitted);
+  fin.prompt_tokens = static_cast<uint32_t>(p.prompt.size());
+  fin.seed = p.sampling.seed;
+  if (metrics_) {
+    metrics_->queue_time->Observe(fin.queue_s);
+    metrics_->prompt_tokens->Increment(static_cast<double>(p.prompt.size()));
+    metrics_->prompt_tokens_hist->Observe(static_cast<double>(p.prompt.size()));
+  }
+  auto check = [&]() -> Status {
+    if (job.stream->cancelled()) return absl::CancelledError("the client cancelled the request");
+    if (Clock::now() > p.deadline) return absl::DeadlineExceededError("the request deadline passed");
+    if (abort_) return abort_status_;
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(check());
+  auto seq = model_.new_sequence();
+  std::vector<float> logits;
+  RETURN_IF_ERROR(model_.forward(*seq, p.prompt, false, &logits));
+  const auto prefill_done = Clock::now();
+  if (metrics_) metrics_->prefill_time->Observe(seconds(prefill_done - start));
+  Sampler sampler(p.sampling);
+  tok::Detokenizer detok(tok_, p.output.skip_special_tokens);
+  StopMatcher stops(p.stop.stop, p.stop.include_stop_in_output);
+  std::vector<int32_t> generated;
+  auto last_token = Clock::now();
+  for (;;) {
+    const bool may_stop = generated.size() >= p.stop.min_new_tokens;
+    if (!may_stop) {
+      if (!p.stop.ignore_eos && tok_.eos() >= 0) logits[tok_.eos()] = -INFINITY;
+      for (int32_t t : p.stop.stop_token_ids) logits[t] = -INFINITY;
+    }
+    TokensEvent ev;
+    if (p.output.logprobs) ev.logprobs.push_back(Sampler::logprobs(logits, 0, p.output.top_logprobs));
+    const int32_t token = sampler.sample(logits, generated);
+    if (p.output.logprobs) ev.logprobs.back() = Sampler::logprobs(logits, token, p.output.top_logprobs);
+    generated.push_back(token);
+    ev.ids.push_back(token);
+    const auto now = Clock::now();
+    if (metrics_) {
+      metrics_->generation_tokens->Increment();
+      (generated.size() == 1 ? metrics_->ttft : metrics_->inter_token)
+          ->Observe(seconds(generated.size() == 1 ? now - job.admitted : now - last_token));
+    }
+    if (generated.size() == 1) fin.ttft_s = seconds(now - job.admitted);
+    last_token = now;
+    bool done = false;
+    if (token == tok_.eos() && !p.stop.ignore_eos) {
+      fin.reason = FinishReason::kEos;
+      done = true;
+    } else if (std::find(p.stop.stop_token_ids.begin(), p.stop.stop_token_ids.end(), token) != p.stop.stop_token_ids.end()) {
+      fin.reason = FinishReason::kStopToken;
+      done = true;
+    } else {
+      ASSIGN_OR_RETURN(std::string text, detok.push(token));
+      auto out = stops.push(text, may_stop);
+      ev.text = std::move(out.text);
+      if (out.match) {
+        fin.reason = FinishReason::kStopSequence;
+        fin.matched_stop = *out.match;
+        done = true;
+      }
+    }
+    if (!done && (generated.size() >= p.stop.max_new_tokens || seq->n_past + 1 > model_.config().n_ctx)) {
+      fin.reason = FinishReason::kLength;
+      done = true;
+    }
+    if (done && fin.reason != FinishReason::kStopSequence) ev.text += stops.push(detok.flush(), false).text + stops.flush();
+    job.stream->on_tokens(std::move(ev));
+    if (done) break;
+    RETURN_IF_ERROR(check());
+    RETURN_IF_ERROR(model_.forward(*seq, {token}, false, &logits));
+  }
+  fin.completion_tokens = static_cast<uint32_t>(generated.size());
+  fin.e2e_s = seconds(Clock::now() - job.admitted);
+  if (metrics_) metrics_->decode_time->Observe(seconds(Clock::now() - prefill_done));
+  return absl::OkStatus();
+}
+
+}  // namespace dsflash::engine

@@ -1,0 +1,135 @@
+// The generation engine: a bounded admission queue and one scheduler thread that owns every
+// sequence's state, runs prefill then decode step by step, samples, detokenises (never
+// splitting a UTF-8 character), matches stop strings and token ids, and reports to a Stream.
+// Cancellation and deadlines are checked on every step; a finished, cancelled or expired
+// request frees its sequence at once. Requests are served one after another today; the queue
+// and Stream interfaces do not assume it (batching several sequences per step fits behind them).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "common/tokenizer/tokenizer.h"
+#include "inference_svc/engine/metrics.h"
+#include "inference_svc/engine/sampler.h"
+#include "inference_svc/model/model.h"
+
+namespace dsflash::engine {
+
+enum class FinishReason { kLength, kEos, kStopSequence, kStopToken };
+const char* finish_reason_name(FinishReason r);
+
+struct StopParams {
+  uint32_t max_new_tokens = 0;  // 0: the server default
+  uint32_t min_new_tokens = 0;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool include_stop_in_output = false;
+};
+
+struct OutputParams {
+  bool logprobs = false;
+  uint32_t top_logprobs = 0;
+  bool skip_special_tokens = true;
+};
+
+using Clock = std::chrono::steady_clock;
+
+struct GenerateParams {
+  std::string request_id;
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  bool seed_given = false;
+  StopParams stop;
+  OutputParams output;
+  Clock::time_point deadline = Clock::time_point::max();
+};
+
+struct TokensEvent {
+  std::vector<int32_t> ids;
+  std::string text;  // complete UTF-8 characters only
+  std::vector<TokenLogprob> logprobs;
+};
+
+struct FinalEvent {
+  FinishReason reason = FinishReason::kLength;
+  std::string matched_stop;
+  uint32_t prompt_tokens = 0, completion_tokens = 0;
+  double queue_s = 0, ttft_s = 0, e2e_s = 0;
+  uint64_t seed = 0;
+};
+
+// Receives a request's events, from the scheduler thread. Exactly one of on_final / on_error
+// ends a request. Implementations must not block.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  virtual void on_tokens(TokensEvent e) = 0;
+  virtual void on_final(FinalEvent e) = 0;
+  virtual void on_error(Status s) = 0;
+  virtual bool cancelled() const = 0;
+};
+
+struct EngineOptions {
+  size_t max_queue = 16;                // waiting requests beyond the running one
+  uint32_t default_max_new_tokens = 256;
+  uint32_t max_stop_strings = 16;
+  uint32_t max_stop_bytes = 256;
+  uint32_t max_top_logprobs = 20;
+};
+
+class Engine {
+ public:
+  Engine(const model::Model& model, const tok::Tokenizer& tok, Metrics* metrics, EngineOptions options);
+  ~Engine();
+
+  // Checks a request and fills defaults (max_new_tokens, seed). INVALID_ARGUMENT names the field.
+  Status validate(GenerateParams& p) const;
+  // Queues a validated request. RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when
+  // draining. On success the stream will get its events.
+  Status submit(GenerateParams p, std::shared_ptr<Stream> stream);
+  // Stops admitting; requests already admitted run to completion.
+  void drain();
+  bool draining() const { return draining_; }
+  // Fails every queued and running request with `s` (shutdown after the grace period).
+  void abort_all(const Status& s);
+  // Admitted requests not yet finished.
+  size_t in_flight() const;
+  const EngineOptions& options() const { return opt_; }
+
+ private:
+  struct Job {
+    GenerateParams p;
+    std::shared_ptr<Stream> stream;
+    Clock::time_point admitted;
+  };
+  void loop();
+  void run(Job& job);
+  Status generate(Job& job, FinalEvent& fin);
+
+  const model::Model& model_;
+  const tok::Tokenizer& tok_;
+  Metrics* metrics_;
+  EngineOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool running_job_ = false;
+  bool stop_ = false;
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> abort_{false};
+  Status abort_status_;
+  std::thread thread_;
+};
+
+}  // namespace dsflash::engine

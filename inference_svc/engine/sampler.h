@@ -1,0 +1,44 @@
+// Token sampling: repetition / presence / frequency penalties over the generated history,
+// temperature (0 = greedy), top-k, top-p, min-p, and a seeded RNG so that the same seed and
+// request give the same tokens. Also log-probabilities of the model's raw distribution.
+// One Sampler per request; not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace dsflash::engine {
+
+struct SamplingParams {
+  float temperature = 1.0f;        // 0: greedy
+  int32_t top_k = 0;               // 0: off
+  float top_p = 1.0f;              // 1: off
+  float min_p = 0.0f;              // 0: off
+  float repetition_penalty = 1.0f; // 1: off (CTRL-style: divide positive, multiply negative logits)
+  float presence_penalty = 0.0f;   // subtracted once per token id present in the output
+  float frequency_penalty = 0.0f;  // subtracted per occurrence in the output
+  uint64_t seed = 0;
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
+  // Picks the next token from logits [V] (modified in place) given the tokens generated so far.
+  int32_t sample(std::vector<float>& logits, const std::vector<int32_t>& generated);
+  // Log-softmax of raw logits: the chosen token's value and the top-n alternatives.
+  static TokenLogprob logprobs(const std::vector<float>& raw, int32_t chosen, uint32_t top_n);
+
+ private:
+  SamplingParams p_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace dsflash::engine

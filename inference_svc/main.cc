@@ -1,0 +1,149 @@
+// dsflash-inference: loads a DeepSeek-V4.1 GGUF on the CPU backend and serves
+// dsflash.v1.Inference over gRPC (TCP and/or unix:), grpc.health.v1, server reflection, and
+// Prometheus metrics. SIGTERM/SIGINT: stop admitting (readiness NOT_SERVING), let in-flight
+// requests finish within --grace-seconds, cut the rest with UNAVAILABLE, exit 0.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/gguf/gguf.h"
+#include "common/log.h"
+#include "inference_svc/api/service.h"
+#include "prometheus/exposer.h"
+
+namespace {
+
+std::atomic<int> g_signal{0};
+void on_signal(int sig) { g_signal = sig; }
+
+struct Flags {
+  std::string model;
+  std::string listen = "0.0.0.0:50051";
+  std::string metrics = "0.0.0.0:9100";
+  size_t max_queue = 16;
+  uint32_t max_new_tokens = 256;
+  int grace_seconds = 30;
+};
+
+bool parse_flags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    std::string v;
+    if (a == "--model" && value(&f->model)) continue;
+    if (a == "--listen" && value(&f->listen)) continue;
+    if (a == "--metrics" && value(&f->metrics)) continue;
+    if (a == "--max-queue" && value(&v) && absl::SimpleAtoi(v, &f->max_queue)) continue;
+    if (a == "--max-new-tokens" && value(&v) && absl::SimpleAtoi(v, &f->max_new_tokens)) continue;
+    if (a == "--grace-seconds" && value(&v) && absl::SimpleAtoi(v, &f->grace_seconds)) continue;
+    std::fprintf(stderr, "dsflash-inference: bad argument '%s'\n", a.c_str());
+    return false;
+  }
+  return !f->model.empty();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dsflash;
+  Flags flags;
+  if (!parse_flags(argc, argv, &flags)) {
+    std::fprintf(stderr,
+                 "usage: dsflash-inference --model FILE.gguf [--listen ADDR[,ADDR]] (default 0.0.0.0:50051; unix:PATH ok)\n"
+                 "       [--metrics HOST:PORT] (default 0.0.0.0:9100) [--max-queue N] [--max-new-tokens N] "
+                 "[--grace-seconds S]\n");
+    return 2;
+  }
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto file = gguf::Model::open(flags.model);
+  if (!file.ok()) {
+    log::error("%s", std::string(file.status().message()));
+    return 1;
+  }
+  log::info("loading %s (%.1f MiB in %zu file(s))", flags.model, (*file)->total_bytes() / 1048576.0, (*file)->n_shards());
+  auto model = model::Model::load(**file);
+  if (!model.ok()) {
+    log::error("%s", std::string(model.status().message()));
+    return 1;
+  }
+  auto tokenizer = tok::Tokenizer::from_gguf(**file);
+  if (!tokenizer.ok()) {
+    log::error("%s", std::string(tokenizer.status().message()));
+    return 1;
+  }
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string name = (*model)->config().name;
+  log::info("model '%s' ready in %.2f s: %u layers, vocab %u, context %u", name, load_s, (*model)->config().n_layer,
+            (*model)->config().n_vocab, (*model)->config().n_ctx);
+
+  engine::Metrics metrics(name);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(flags.metrics);
+  } catch (const std::exception& e) {
+    log::error("cannot serve metrics on %s: %s", flags.metrics, e.what());
+    return 1;
+  }
+  exposer->RegisterCollectable(metrics.registry());
+
+  engine::EngineOptions opt;
+  opt.max_queue = flags.max_queue;
+  opt.default_max_new_tokens = flags.max_new_tokens;
+  engine::Engine eng(**model, **tokenizer, &metrics, opt);
+  api::InferenceService service(eng, **tokenizer, (*model)->config(), &metrics, api::ServiceInfo{name, "cpu"});
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  for (absl::string_view addr : absl::StrSplit(flags.listen, ',', absl::SkipEmpty())) {
+    builder.AddListeningPort(std::string(addr), grpc::InsecureServerCredentials());
+  }
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(16 << 20);
+  builder.SetMaxSendMessageSize(16 << 20);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) {
+    log::error("cannot listen on %s", flags.listen);
+    return 1;
+  }
+  auto* health = server->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus("dsflash.v1.Inference", true);
+  metrics.model_loaded->Set(1);
+  log::info("serving dsflash.v1.Inference on %s, metrics on %s/metrics", flags.listen, flags.metrics);
+
+  while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  log::info("signal %d: draining (grace %d s, %zu request(s) in flight)", g_signal.load(), flags.grace_seconds,
+            eng.in_flight());
+  eng.drain();
+  health->SetServingStatus("dsflash.v1.Inference", false);
+  metrics.model_loaded->Set(0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(flags.grace_seconds);
+  while (eng.in_flight() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (eng.in_flight() > 0) eng.abort_all(absl::UnavailableError("the server is shutting down"));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  log::info("stopped");
+  return 0;
+}
