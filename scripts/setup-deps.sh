@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libicu-dev
-  libgtest-dev libgmock-dev python3
+  libgtest-dev libgmock-dev python3 prometheus curl
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -109,13 +109,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateEvent> {
       finish(*done);
     }
   }
+  // A failed write means the client is gone: the engine is told to stop, queued events are
+  // dropped, and the call finishes as soon as the engine reports the end.
   void OnWriteDone(bool ok) override {
-    if (!ok) {
-      channel_->cancel();
-      std::lock_guard<std::mutex> l(channel_->mu_);
-      channel_->writing_ = false;
-      return;
-    }
+    if (!ok) channel_->cancel();
     pump();
   }
   void OnCancel() override {
@@ -151,6 +148,7 @@ void Channel::push(GenerateEvent ev, std::optional<grpc::Status> end) {
 
 bool Channel::next(GenerateEvent* ev, std::optional<grpc::Status>* done) {
   std::lock_guard<std::mutex> l(mu_);
+  if (cancelled_) events_.clear();
   if (!events_.empty()) {
     *ev = std::move(events_.front());
     events_.pop_front();

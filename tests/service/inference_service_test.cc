@@ -1,0 +1,267 @@
+// dsflash-inference as a real process over real gRPC: every RPC, the stream contract, seeded
+// determinism, stop strings across token boundaries, UTF-8 boundaries, validation errors,
+// deadlines, cancellation, queue-full rejection, health and drain on SIGTERM, and the metrics
+// endpoint (checked with promtool when installed).
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+
+#include "common/tokenizer/unicode.h"
+#include "tests/service/server_process.h"
+
+namespace dsflash::testing {
+namespace {
+
+using dsflash::v1::GenerateRequest;
+
+GenerateRequest greedy(const std::string& prompt, uint32_t max_new) {
+  GenerateRequest req;
+  req.set_prompt(prompt);
+  req.mutable_sampling()->set_temperature(0.0f);
+  req.mutable_stopping()->set_max_new_tokens(max_new);
+  req.mutable_stopping()->set_ignore_eos(true);
+  return req;
+}
+
+bool valid_utf8(const std::string& s) {
+  for (const auto& c : tok::uni::decode_utf8(s)) {
+    if (c.cp < 0) return false;
+  }
+  return true;
+}
+
+class Service : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new ServerProcess(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(server_->ready()) << server_->log(); }
+  static ServerProcess* server_;
+};
+ServerProcess* Service::server_ = nullptr;
+
+TEST_F(Service, ModelInfoAndTokenize) {
+  grpc::ClientContext c1;
+  dsflash::v1::ModelInfo info;
+  ASSERT_TRUE(server_->stub().GetModelInfo(&c1, {}, &info).ok());
+  EXPECT_EQ(info.architecture(), "deepseek41");
+  EXPECT_EQ(info.context_length(), 1024u);
+  EXPECT_GT(info.vocab_size(), 500u);
+  EXPECT_EQ(info.backend(), "cpu");
+  grpc::ClientContext c2;
+  dsflash::v1::TokenizeRequest treq;
+  treq.set_text("The expert store");
+  dsflash::v1::TokenizeResponse tres;
+  ASSERT_TRUE(server_->stub().Tokenize(&c2, treq, &tres).ok());
+  std::string joined;
+  for (const auto& p : tres.pieces()) joined += p;
+  EXPECT_EQ(joined, "The expert store");
+  grpc::ClientContext c3;
+  dsflash::v1::TokenizeRequest chat;
+  auto* m = chat.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("hi");
+  ASSERT_TRUE(server_->stub().Tokenize(&c3, chat, &tres).ok());
+  EXPECT_GT(tres.token_ids_size(), 3);
+}
+
+TEST_F(Service, StreamContractAndUnaryAgree) {
+  GenerateRequest req = greedy("The expert store streams", 24);
+  const auto r = run_stream(server_->stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_GE(r.events.size(), 2u);
+  for (size_t i = 0; i + 1 < r.events.size(); ++i) {
+    ASSERT_TRUE(r.events[i].has_tokens()) << i;
+    EXPECT_TRUE(valid_utf8(r.events[i].tokens().text_delta()));
+  }
+  ASSERT_TRUE(r.events.back().has_final());  // exactly one final, and nothing after it
+  const auto& fin = r.events.back().final();
+  EXPECT_EQ(fin.finish_reason(), dsflash::v1::LENGTH);
+  EXPECT_EQ(fin.usage().completion_tokens(), 24u);
+  EXPECT_EQ(r.ids().size(), 24u);
+  EXPECT_FALSE(r.events[0].request_id().empty());
+  grpc::ClientContext ctx;
+  dsflash::v1::GenerateResult unary;
+  ASSERT_TRUE(server_->stub().GenerateUnary(&ctx, req, &unary).ok());
+  EXPECT_EQ(std::vector<uint32_t>(unary.token_ids().begin(), unary.token_ids().end()), r.ids());
+  EXPECT_EQ(unary.text(), r.text());
+}
+
+TEST_F(Service, SeededSamplingIsDeterministic) {
+  GenerateRequest req;
+  req.set_prompt("Numbers matter too");
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_top_p(0.9f);
+  req.mutable_sampling()->set_seed(1234);
+  req.mutable_stopping()->set_max_new_tokens(20);
+  req.mutable_stopping()->set_ignore_eos(true);
+  const auto a = run_stream(server_->stub(), req);
+  const auto b = run_stream(server_->stub(), req);
+  ASSERT_TRUE(a.status.ok() && b.status.ok());
+  EXPECT_EQ(a.ids(), b.ids());
+  EXPECT_EQ(a.events.back().final().seed(), 1234u);
+  req.mutable_sampling()->set_seed(99);
+  const auto c = run_stream(server_->stub(), req);
+  EXPECT_NE(a.ids(), c.ids());
+}
+
+TEST_F(Service, StopStringAcrossTokenBoundary) {
+  const GenerateRequest base = greedy("Questions and answers.", 40);
+  const auto full = run_stream(server_->stub(), base);
+  ASSERT_TRUE(full.status.ok());
+  // A stop string made of the end of one non-empty delta and the start of the next.
+  std::string stop, before;
+  std::string acc;
+  for (size_t i = 0; i + 2 < full.events.size() && stop.empty(); ++i) {
+    const std::string a = full.events[i].tokens().text_delta(), b = full.events[i + 1].tokens().text_delta();
+    acc += a;
+    if (a.size() >= 1 && b.size() >= 1 && valid_utf8(a.substr(a.size() - 1)) && valid_utf8(b.substr(0, 1))) {
+      stop = a.substr(a.size() - 1) + b.substr(0, 1);
+      before = acc.substr(0, acc.size() - 1);
+      if (full.text().find(stop) < before.size()) stop.clear();  // must first occur here
+    }
+  }
+  ASSERT_FALSE(stop.empty()) << "no two adjacent ASCII deltas in: " << full.text();
+  GenerateRequest req = base;
+  req.mutable_stopping()->add_stop(stop);
+  const auto r = run_stream(server_->stub(), req);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.events.back().final().finish_reason(), dsflash::v1::STOP_SEQUENCE);
+  EXPECT_EQ(r.events.back().final().matched_stop(), stop);
+  EXPECT_EQ(r.text(), before);  // the stop text is not streamed
+  req.mutable_stopping()->set_include_stop_in_output(true);
+  EXPECT_EQ(run_stream(server_->stub(), req).text(), before + stop);
+}
+
+TEST_F(Service, StopTokenIdsMinTokensAndLogprobs) {
+  const auto full = run_stream(server_->stub(), greedy("Whitespace comes in many shapes", 12));
+  ASSERT_TRUE(full.status.ok());
+  const uint32_t third = full.ids()[2];
+  GenerateRequest req = greedy("Whitespace comes in many shapes", 12);
+  req.mutable_stopping()->add_stop_token_ids(third);
+  auto r = run_stream(server_->stub(), req);
+  EXPECT_EQ(r.events.back().final().finish_reason(), dsflash::v1::STOP_TOKEN);
+  EXPECT_EQ(r.ids().back(), third);
+  req.mutable_output()->set_return_logprobs(true);
+  req.mutable_output()->set_top_logprobs(3);
+  req.mutable_stopping()->clear_stop_token_ids();
+  r = run_stream(server_->stub(), req);
+  ASSERT_TRUE(r.status.ok());
+  for (size_t i = 0; i + 1 < r.events.size(); ++i) {
+    const auto& lp = r.events[i].tokens().logprobs(0);
+    EXPECT_EQ(lp.top_ids(0), lp.token_id());  // greedy picks the most likely token
+    EXPECT_LE(lp.logprob(), 0.0f);
+    EXPECT_GE(lp.top_logprobs(0), lp.top_logprobs(1));
+  }
+}
+
+TEST_F(Service, InvalidRequestsNameTheField) {
+  struct Case {
+    std::function<void(GenerateRequest&)> edit;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](GenerateRequest& r) { r.clear_prompt(); }, "input"},
+      {[](GenerateRequest& r) { r.mutable_prompt_token_ids()->add_ids(1u << 30); }, "prompt_token_ids"},
+      {[](GenerateRequest& r) { r.mutable_stopping()->set_max_new_tokens(5000); }, "max_new_tokens"},
+      {[](GenerateRequest& r) { r.mutable_sampling()->set_top_p(0.0f); }, "top_p"},
+      {[](GenerateRequest& r) { r.mutable_sampling()->set_temperature(-1.0f); }, "temperature"},
+      {[](GenerateRequest& r) { r.mutable_output()->set_top_logprobs(100); }, "top_logprobs"},
+      {[](GenerateRequest& r) { r.mutable_stopping()->add_stop(""); }, "stop"},
+      {[](GenerateRequest& r) {
+         auto* m = r.mutable_chat()->add_messages();
+         m->set_role("tool");
+       },
+       "chat"},
+  };
+  for (const auto& c : cases) {
+    GenerateRequest req = greedy("x", 4);
+    c.edit(req);
+    const auto r = run_stream(server_->stub(), req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+    EXPECT_NE(r.status.error_message().find(c.field), std::string::npos) << r.status.error_message();
+    EXPECT_TRUE(r.events.empty());
+  }
+}
+
+TEST_F(Service, DeadlineExpiresMidStream) {
+  const auto r = run_stream(server_->stub(), greedy("A long answer", 1000), std::chrono::milliseconds(300));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+}
+
+TEST_F(Service, CancellationFreesTheSequence) {
+  grpc::ClientContext ctx;
+  auto reader = server_->stub().Generate(&ctx, greedy("A long answer", 1000));
+  dsflash::v1::GenerateEvent ev;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(reader->Read(&ev));
+  ctx.TryCancel();
+  while (reader->Read(&ev)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The scheduler notices within a step: nothing runs, and the next request is served at once.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (metric_value(server_->metrics(), "llm_num_requests_running") != 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(metric_value(server_->metrics(), "llm_num_requests_running"), 0);
+  EXPECT_TRUE(run_stream(server_->stub(), greedy("ok", 2), std::chrono::milliseconds(3000)).status.ok());
+}
+
+TEST_F(Service, MetricsPassPromtool) {
+  const std::string text = server_->metrics();
+  ASSERT_NE(text.find("llm_requests_total"), std::string::npos);
+  ASSERT_NE(text.find("llm_time_to_first_token_seconds_bucket"), std::string::npos);
+  if (std::system("command -v promtool > /dev/null") != 0) GTEST_SKIP() << "promtool not installed";
+  TempDir dir;
+  write_all(dir.file("m.txt"), std::vector<uint8_t>(text.begin(), text.end()));
+  EXPECT_EQ(std::system(("promtool check metrics < " + dir.file("m.txt")).c_str()), 0);
+}
+
+TEST(ServiceAdmission, QueueFullIsResourceExhausted) {
+  ServerProcess server({"--max-queue", "1"});
+  ASSERT_TRUE(server.ready()) << server.log();
+  auto long_stream = [&] { return run_stream(server.stub(), greedy("long", 1000), std::chrono::milliseconds(4000)); };
+  auto a = std::async(std::launch::async, long_stream);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto b = std::async(std::launch::async, long_stream);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto c = run_stream(server.stub(), greedy("more", 10));
+  EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << c.status.error_message();
+  a.wait();
+  b.wait();
+  EXPECT_NE(server.metrics().find("llm_admission_rejections_total{reason=\"queue_full\"} 1"), std::string::npos);
+  // Streams that ended by deadline or cancellation leave nothing behind: the server exits at once.
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(server.stop(), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(ServiceDrain, SigtermFinishesInFlightThenExits) {
+  ServerProcess server({"--grace-seconds", "20"});
+  ASSERT_TRUE(server.ready()) << server.log();
+  auto stream = std::async(std::launch::async, [&] { return run_stream(server.stub(), greedy("drain", 150)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ::kill(server.pid(), SIGTERM);
+  // Readiness turns off and new work is refused while the stream finishes.
+  bool refused = false;
+  for (int i = 0; i < 100 && !refused; ++i) {
+    grpc::ClientContext ctx;
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service("dsflash.v1.Inference");
+    grpc::health::v1::HealthCheckResponse resp;
+    if (server.health().Check(&ctx, req, &resp).ok() && resp.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING) {
+      refused = run_stream(server.stub(), greedy("late", 2)).status.error_code() == grpc::StatusCode::UNAVAILABLE;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(refused);
+  const auto r = stream.get();
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.events.back().final().usage().completion_tokens(), 150u);
+  EXPECT_EQ(server.stop(), 0);
+}
+
+}  // namespace
+}  // namespace dsflash::testing

@@ -1,0 +1,199 @@
+// Test harness: runs the real dsflash-inference binary as a child process on a synthetic
+// tiny model, with a unix-socket gRPC address and a free metrics port; stubs and a metrics
+// scrape for the tests. The process is stopped with SIGTERM (then SIGKILL) at scope exit.
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "dsflash/v1/inference.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+#include "tools/dsflash/synth_model.h"
+
+namespace dsflash::testing {
+
+inline int free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// GET http://127.0.0.1:port/path; returns the body ("" on failure).
+inline std::string http_get(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!::write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const size_t body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+// Value of an unlabelled metric line "name value", or -1.
+inline double metric_value(const std::string& text, const std::string& name) {
+  size_t at = 0;
+  while ((at = text.find(name, at)) != std::string::npos) {
+    if ((at == 0 || text[at - 1] == '\n') && (text[at + name.size()] == ' ' || text[at + name.size()] == '{')) {
+      const size_t sp = text.find(' ', at);
+      return std::stod(text.substr(sp + 1, text.find('\n', sp) - sp - 1));
+    }
+    at += name.size();
+  }
+  return -1;
+}
+
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> extra = {}) {
+    model_ = dir_.file("tiny.gguf");
+    tools::SynthOptions o;
+    auto w = tools::write_synthetic_model(o, model_, 1);
+    EXPECT_TRUE(w.ok()) << w.status();
+    sock_ = "unix:" + dir_.file("inference.sock");
+    metrics_port_ = free_tcp_port();
+    std::vector<std::string> args = {DSF_INFERENCE_BIN, "--model", model_, "--listen", sock_,
+                                     "--metrics", "127.0.0.1:" + std::to_string(metrics_port_)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      const std::string log = dir_.file("server.log");
+      FILE* f = std::freopen(log.c_str(), "w", stderr);
+      (void)f;
+      ::execv(argv[0], argv.data());
+      _exit(127);
+    }
+    // The socket appears once the model is loaded; connecting earlier would only start gRPC's
+    // reconnect backoff (seconds).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!std::filesystem::exists(sock_.substr(5)) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    channel_ = grpc::CreateChannel(sock_, grpc::InsecureChannelCredentials());
+    stub_ = dsflash::v1::Inference::NewStub(channel_);
+    health_ = grpc::health::v1::Health::NewStub(channel_);
+    ready_ = wait_ready(std::chrono::seconds(30));
+  }
+  ~ServerProcess() { stop(); }
+
+  bool ready() const { return ready_; }
+  dsflash::v1::Inference::Stub& stub() { return *stub_; }
+  grpc::health::v1::Health::Stub& health() { return *health_; }
+  std::string metrics() const { return http_get(metrics_port_, "/metrics"); }
+  const std::string& model_path() const { return model_; }
+  pid_t pid() const { return pid_; }
+  std::string log() const { return std::string(reinterpret_cast<const char*>(read_all(dir_.file("server.log")).data()), read_all(dir_.file("server.log")).size()); }
+
+  // Sends SIGTERM and waits; returns the exit status (or -1 if it had to be killed).
+  int stop(std::chrono::seconds wait = std::chrono::seconds(20)) {
+    if (pid_ <= 0) return exit_code_;
+    ::kill(pid_, SIGTERM);
+    const auto until = std::chrono::steady_clock::now() + wait;
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+        pid_ = -1;
+        return exit_code_ = -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    pid_ = -1;
+    return exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  bool wait_ready(std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+      grpc::health::v1::HealthCheckRequest req;
+      req.set_service("dsflash.v1.Inference");
+      grpc::health::v1::HealthCheckResponse resp;
+      if (health_->Check(&ctx, req, &resp).ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  TempDir dir_;
+  std::string model_, sock_;
+  int metrics_port_ = 0;
+  pid_t pid_ = -1;
+  int exit_code_ = 0;
+  bool ready_ = false;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<dsflash::v1::Inference::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+// Runs a Generate to the end; returns the events and the status.
+struct StreamResult {
+  std::vector<dsflash::v1::GenerateEvent> events;
+  grpc::Status status;
+  std::string text() const {
+    std::string t;
+    for (const auto& e : events) {
+      if (e.has_tokens()) t += e.tokens().text_delta();
+    }
+    return t;
+  }
+  std::vector<uint32_t> ids() const {
+    std::vector<uint32_t> v;
+    for (const auto& e : events) {
+      if (e.has_tokens()) v.insert(v.end(), e.tokens().token_ids().begin(), e.tokens().token_ids().end());
+    }
+    return v;
+  }
+};
+
+inline StreamResult run_stream(dsflash::v1::Inference::Stub& stub, const dsflash::v1::GenerateRequest& req,
+                               std::chrono::milliseconds deadline = std::chrono::milliseconds(60000)) {
+  StreamResult r;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+  auto reader = stub.Generate(&ctx, req);
+  dsflash::v1::GenerateEvent ev;
+  while (reader->Read(&ev)) r.events.push_back(ev);
+  r.status = reader->Finish();
+  return r;
+}
+
+}  // namespace dsflash::testing
