@@ -18,6 +18,7 @@
 #include "common/gguf/gguf.h"
 #include "common/log.h"
 #include "inference_svc/api/service.h"
+#include "inference_svc/model/weights.h"
 #include "prometheus/exposer.h"
 
 namespace {
@@ -32,6 +33,7 @@ struct Flags {
   size_t max_queue = 16;
   uint32_t max_new_tokens = 256;
   int grace_seconds = 30;
+  uint32_t prefill_chunk = 256;
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -49,66 +51,14 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     if (a == "--max-queue" && value(&v) && absl::SimpleAtoi(v, &f->max_queue)) continue;
     if (a == "--max-new-tokens" && value(&v) && absl::SimpleAtoi(v, &f->max_new_tokens)) continue;
     if (a == "--grace-seconds" && value(&v) && absl::SimpleAtoi(v, &f->grace_seconds)) continue;
+    if (a == "--prefill-chunk" && value(&v) && absl::SimpleAtoi(v, &f->prefill_chunk) && f->prefill_chunk > 0) continue;
     std::fprintf(stderr, "dsflash-inference: bad argument '%s'\n", a.c_str());
     return false;
   }
   return !f->model.empty();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace dsflash;
-  Flags flags;
-  if (!parse_flags(argc, argv, &flags)) {
-    std::fprintf(stderr,
-                 "usage: dsflash-inference --model FILE.gguf [--listen ADDR[,ADDR]] (default 0.0.0.0:50051; unix:PATH ok)\n"
-                 "       [--metrics HOST:PORT] (default 0.0.0.0:9100) [--max-queue N] [--max-new-tokens N] "
-                 "[--grace-seconds S]\n");
-    return 2;
-  }
-  std::signal(SIGTERM, on_signal);
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGPIPE, SIG_IGN);
-
-  const auto t0 = std::chrono::steady_clock::now();
-  auto file = gguf::Model::open(flags.model);
-  if (!file.ok()) {
-    log::error("%s", std::string(file.status().message()));
-    return 1;
-  }
-  log::info("loading %s (%.1f MiB in %zu file(s))", flags.model, (*file)->total_bytes() / 1048576.0, (*file)->n_shards());
-  auto model = model::Model::load(**file);
-  if (!model.ok()) {
-    log::error("%s", std::string(model.status().message()));
-    return 1;
-  }
-  auto tokenizer = tok::Tokenizer::from_gguf(**file);
-  if (!tokenizer.ok()) {
-    log::error("%s", std::string(tokenizer.status().message()));
-    return 1;
-  }
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const std::string name = (*model)->config().name;
-  log::info("model '%s' ready in %.2f s: %u layers, vocab %u, context %u", name, load_s, (*model)->config().n_layer,
-            (*model)->config().n_vocab, (*model)->config().n_ctx);
-
-  engine::Metrics metrics(name);
-  std::unique_ptr<prometheus::Exposer> exposer;
-  try {
-    exposer = std::make_unique<prometheus::Exposer>(flags.metrics);
-  } catch (const std::exception& e) {
-    log::error("cannot serve metrics on %s: %s", flags.metrics, e.what());
-    return 1;
-  }
-  exposer->RegisterCollectable(metrics.registry());
-
-  engine::EngineOptions opt;
-  opt.max_queue = flags.max_queue;
-  opt.default_max_new_tokens = flags.max_new_tokens;
-  engine::Engine eng(**model, **tokenizer, &metrics, opt);
-  api::InferenceService service(eng, **tokenizer, (*model)->config(), &metrics, api::ServiceInfo{name, "cpu"});
-
+std::unique_ptr<grpc::Server> start_server(const Flags& flags, dsflash::api::InferenceService& service) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -121,16 +71,104 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  return builder.BuildAndStart();
+}
+
+struct Loaded {
+  std::unique_ptr<dsflash::model::Model> model;
+  std::unique_ptr<dsflash::tok::Tokenizer> tok;
+};
+
+// Reads the resident weights with progress (log every 2 s and a gauge), then builds the model
+// and the tokenizer. A signal while loading cancels.
+dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file, dsflash::engine::Metrics& metrics) {
+  using namespace dsflash;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last = t0;
+  RETURN_IF_ERROR(model::warm_resident(file, [&](uint64_t done, uint64_t total) {
+    metrics.load_progress->Set(total ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last >= std::chrono::seconds(2) || done == total) {
+      last = now;
+      const double s = std::chrono::duration<double>(now - t0).count(), rate = done / std::max(s, 1e-9);
+      log::info("loading resident weights: %.2f / %.2f GiB, %.0f MB/s, ETA %.0f s", done / 1073741824.0,
+                total / 1073741824.0, rate / 1e6, (total - done) / std::max(rate, 1.0));
+    }
+    return g_signal == 0;
+  }));
+  auto out = std::make_unique<Loaded>();
+  ASSIGN_OR_RETURN(out->model, model::Model::load(file));
+  ASSIGN_OR_RETURN(out->tok, tok::Tokenizer::from_gguf(file));
+  const auto& c = out->model->config();
+  log::info("model '%s' loaded in %.2f s: %u layers, vocab %u, context %u", c.name,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), c.n_layer, c.n_vocab, c.n_ctx);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dsflash;
+  Flags flags;
+  if (!parse_flags(argc, argv, &flags)) {
+    std::fprintf(stderr,
+                 "usage: dsflash-inference --model FILE.gguf [--listen ADDR[,ADDR]] (default 0.0.0.0:50051; unix:PATH ok)\n"
+                 "       [--metrics HOST:PORT] (default 0.0.0.0:9100) [--max-queue N] [--max-new-tokens N] "
+                 "[--grace-seconds S] [--prefill-chunk N]\n");
+    return 2;
+  }
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto file = gguf::Model::open(flags.model);
+  if (!file.ok()) {
+    log::error("%s", std::string(file.status().message()));
+    return 1;
+  }
+  const gguf::Value* name_v = (*file)->find("general.name");
+  const std::string name = name_v && name_v->as_string() ? *name_v->as_string() : flags.model;
+
+  // Metrics and the gRPC server come up first: liveness SERVING, readiness NOT_SERVING and
+  // every RPC UNAVAILABLE until the model is loaded.
+  engine::Metrics metrics(name);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(flags.metrics);
+  } catch (const std::exception& e) {
+    log::error("cannot serve metrics on %s: %s", flags.metrics, e.what());
+    return 1;
+  }
+  exposer->RegisterCollectable(metrics.registry());
+  api::InferenceService service(&metrics, api::ServiceInfo{name, "cpu"});
+  std::unique_ptr<grpc::Server> server = start_server(flags, service);
   if (!server) {
     log::error("cannot listen on %s", flags.listen);
     return 1;
   }
   auto* health = server->GetHealthCheckService();
   health->SetServingStatus("", true);
+  health->SetServingStatus("dsflash.v1.Inference", false);
+  log::info("listening on %s (not ready: loading %s, %.1f MiB in %zu file(s)); metrics on %s/metrics", flags.listen,
+            flags.model, (*file)->total_bytes() / 1048576.0, (*file)->n_shards(), flags.metrics);
+
+  auto loaded = load(**file, metrics);
+  if (!loaded.ok()) {
+    log::error("%s", std::string(loaded.status().message()));
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    return absl::IsCancelled(loaded.status()) ? 0 : 1;
+  }
+  Loaded& l = **loaded;
+  engine::EngineOptions opt;
+  opt.max_queue = flags.max_queue;
+  opt.default_max_new_tokens = flags.max_new_tokens;
+  opt.prefill_chunk = flags.prefill_chunk;
+  engine::Engine eng(*l.model, *l.tok, &metrics, opt);
+  const api::Backend backend{&eng, l.tok.get(), &l.model->config()};
+  service.attach(&backend);
   health->SetServingStatus("dsflash.v1.Inference", true);
   metrics.model_loaded->Set(1);
-  log::info("serving dsflash.v1.Inference on %s, metrics on %s/metrics", flags.listen, flags.metrics);
+  log::info("ready: serving dsflash.v1.Inference");
 
   while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   log::info("signal %d: draining (grace %d s, %zu request(s) in flight)", g_signal.load(), flags.grace_seconds,

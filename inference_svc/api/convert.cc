@@ -13,13 +13,16 @@ grpc::Status to_grpc(const Status& s) {
 
 StatusOr<engine::GenerateParams> InferenceService::to_params(const grpc::CallbackServerContext* ctx,
                                                              const dsflash::v1::GenerateRequest& req) const {
+  const Backend* b = backend();
+  if (b == nullptr) return absl::UnavailableError("the model is still loading");
+  const tok::Tokenizer& tok = *b->tok;
   engine::GenerateParams p;
   static std::atomic<uint64_t> next_id{1};
   p.request_id = req.request_id().empty() ? absl::StrCat("req-", next_id++) : req.request_id();
   switch (req.input_case()) {
     case dsflash::v1::GenerateRequest::kPrompt: {
-      ASSIGN_OR_RETURN(p.prompt, tok_.encode(req.prompt(), false));
-      if (tok_.add_bos() && tok_.bos() >= 0) p.prompt.insert(p.prompt.begin(), tok_.bos());
+      ASSIGN_OR_RETURN(p.prompt, tok.encode(req.prompt(), false));
+      if (tok.add_bos() && tok.bos() >= 0) p.prompt.insert(p.prompt.begin(), tok.bos());
       break;
     }
     case dsflash::v1::GenerateRequest::kPromptTokenIds:
@@ -34,7 +37,7 @@ StatusOr<engine::GenerateParams> InferenceService::to_params(const grpc::Callbac
       tok::ChatOptions o;
       o.thinking = req.chat().thinking();
       o.reasoning_effort = req.chat().reasoning_effort();
-      auto ids = tok::encode_chat(tok_, msgs, o);
+      auto ids = tok::encode_chat(tok, msgs, o);
       if (!ids.ok()) return absl::InvalidArgumentError(absl::StrCat("chat: ", ids.status().message()));
       p.prompt = std::move(*ids);
       break;
@@ -72,7 +75,7 @@ StatusOr<engine::GenerateParams> InferenceService::to_params(const grpc::Callbac
     if (left <= std::chrono::milliseconds(0)) return absl::DeadlineExceededError("the request deadline already passed");
     p.deadline = engine::Clock::now() + std::chrono::duration_cast<engine::Clock::duration>(left);
   }
-  RETURN_IF_ERROR(engine_.validate(p));
+  RETURN_IF_ERROR(b->engine->validate(p));
   return p;
 }
 

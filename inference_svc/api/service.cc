@@ -90,7 +90,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<GenerateEvent> {
       return;
     }
     channel_ = std::make_shared<Channel>(this, params->request_id);
-    const Status s = svc.engine().submit(std::move(*params), channel_);
+    const Status s = svc.backend()->engine->submit(std::move(*params), channel_);
     if (!s.ok()) {
       channel_->detach();
       channel_.reset();
@@ -235,7 +235,7 @@ grpc::ServerUnaryReactor* InferenceService::GenerateUnary(grpc::CallbackServerCo
   }
   res->set_request_id(params->request_id);
   auto collector = std::make_shared<UnaryCollector>(reactor, res, ctx, metrics_);
-  const Status s = engine_.submit(std::move(*params), collector);
+  const Status s = backend()->engine->submit(std::move(*params), collector);
   if (!s.ok()) {
     if (absl::IsResourceExhausted(s)) ctx->AddTrailingMetadata("grpc-retry-pushback-ms", "1000");
     if (metrics_) metrics_->request_done("GenerateUnary", code_name(s));
@@ -248,6 +248,12 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
                                                      const dsflash::v1::TokenizeRequest* req,
                                                      dsflash::v1::TokenizeResponse* res) {
   auto* reactor = ctx->DefaultReactor();
+  const Backend* b = backend();
+  if (b == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));
+    return reactor;
+  }
+  const tok::Tokenizer& tok = *b->tok;
   StatusOr<std::vector<int32_t>> ids = absl::InvalidArgumentError("input: text or chat is required");
   if (req->has_chat()) {
     std::vector<tok::ChatMessage> msgs;
@@ -255,15 +261,15 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
     tok::ChatOptions o;
     o.thinking = req->chat().thinking();
     o.reasoning_effort = req->chat().reasoning_effort();
-    ids = tok::encode_chat(tok_, msgs, o);
+    ids = tok::encode_chat(tok, msgs, o);
     if (!ids.ok()) ids = absl::InvalidArgumentError(absl::StrCat("chat: ", ids.status().message()));
   } else if (req->input_case() == dsflash::v1::TokenizeRequest::kText) {
-    ids = tok_.encode(req->text(), req->parse_special());
+    ids = tok.encode(req->text(), req->parse_special());
   }
   if (ids.ok()) {
     for (int32_t id : *ids) {
       res->add_token_ids(static_cast<uint32_t>(id));
-      res->add_pieces(tok_.token_bytes(id).value_or(""));
+      res->add_pieces(tok.token_bytes(id).value_or(""));
     }
   }
   if (metrics_) metrics_->request_done("Tokenize", code_name(ids.status()));
@@ -274,17 +280,24 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* ctx,
                                                          const dsflash::v1::GetModelInfoRequest*,
                                                          dsflash::v1::ModelInfo* res) {
+  auto* reactor = ctx->DefaultReactor();
+  const Backend* b = backend();
+  if (b == nullptr) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));
+    return reactor;
+  }
+  const config::ModelConfig& cfg = *b->cfg;
+  const tok::Tokenizer& tok = *b->tok;
   res->set_model_name(info_.model_name);
   res->set_architecture("deepseek41");
-  res->set_vocab_size(cfg_.n_vocab);
-  res->set_context_length(cfg_.n_ctx);
-  res->set_max_prompt_tokens(cfg_.n_ctx - 1);
-  res->set_max_new_tokens(engine_.options().default_max_new_tokens);
-  res->set_bos_token_id(static_cast<uint32_t>(std::max(0, tok_.bos())));
-  res->set_eos_token_id(static_cast<uint32_t>(std::max(0, tok_.eos())));
+  res->set_vocab_size(cfg.n_vocab);
+  res->set_context_length(cfg.n_ctx);
+  res->set_max_prompt_tokens(cfg.n_ctx - 1);
+  res->set_max_new_tokens(b->engine->options().default_max_new_tokens);
+  res->set_bos_token_id(static_cast<uint32_t>(std::max(0, tok.bos())));
+  res->set_eos_token_id(static_cast<uint32_t>(std::max(0, tok.eos())));
   res->set_backend(info_.backend);
   if (metrics_) metrics_->request_done("GetModelInfo", "OK");
-  auto* reactor = ctx->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

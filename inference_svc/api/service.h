@@ -4,6 +4,7 @@
 // happens here only.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -17,11 +18,21 @@ struct ServiceInfo {
   std::string backend = "cpu";
 };
 
+// What the RPCs need once the model is loaded.
+struct Backend {
+  engine::Engine* engine = nullptr;
+  const tok::Tokenizer* tok = nullptr;
+  const config::ModelConfig* cfg = nullptr;
+};
+
+// Serves from start-up on: until attach() every RPC answers UNAVAILABLE ("model loading").
 class InferenceService final : public dsflash::v1::Inference::CallbackService {
  public:
-  InferenceService(engine::Engine& engine, const tok::Tokenizer& tok, const config::ModelConfig& cfg,
-                   engine::Metrics* metrics, ServiceInfo info)
-      : engine_(engine), tok_(tok), cfg_(cfg), metrics_(metrics), info_(std::move(info)) {}
+  InferenceService(engine::Metrics* metrics, ServiceInfo info) : metrics_(metrics), info_(std::move(info)) {}
+
+  // Makes the service ready; `b` must outlive the service.
+  void attach(const Backend* b) { backend_.store(b); }
+  const Backend* backend() const { return backend_.load(); }
 
   grpc::ServerWriteReactor<dsflash::v1::GenerateEvent>* Generate(grpc::CallbackServerContext* ctx,
                                                                  const dsflash::v1::GenerateRequest* req) override;
@@ -36,14 +47,10 @@ class InferenceService final : public dsflash::v1::Inference::CallbackService {
   StatusOr<engine::GenerateParams> to_params(const grpc::CallbackServerContext* ctx,
                                              const dsflash::v1::GenerateRequest& req) const;
 
-  engine::Engine& engine() { return engine_; }
   engine::Metrics* metrics() { return metrics_; }
-  const tok::Tokenizer& tokenizer() const { return tok_; }
 
  private:
-  engine::Engine& engine_;
-  const tok::Tokenizer& tok_;
-  const config::ModelConfig& cfg_;
+  std::atomic<const Backend*> backend_{nullptr};
   engine::Metrics* metrics_;
   ServiceInfo info_;
 };

@@ -186,10 +186,14 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
     if (abort_) return abort_status_;
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(check());
   auto seq = model_.new_sequence();
   std::vector<float> logits;
-  RETURN_IF_ERROR(model_.forward(*seq, p.prompt, false, &logits));
+  const size_t chunk = std::max<uint32_t>(1, opt_.prefill_chunk);
+  for (size_t at = 0; at < p.prompt.size(); at += chunk) {
+    RETURN_IF_ERROR(check());
+    const size_t n = std::min(chunk, p.prompt.size() - at);
+    RETURN_IF_ERROR(model_.forward(*seq, std::vector<int32_t>(p.prompt.begin() + at, p.prompt.begin() + at + n), false, &logits));
+  }
   const auto prefill_done = Clock::now();
   if (metrics_) metrics_->prefill_time->Observe(seconds(prefill_done - start));
   Sampler sampler(p.sampling);

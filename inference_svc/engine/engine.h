@@ -86,6 +86,7 @@ struct EngineOptions {
   uint32_t max_stop_strings = 16;
   uint32_t max_stop_bytes = 256;
   uint32_t max_top_logprobs = 20;
+  uint32_t prefill_chunk = 256;          // prompt tokens per model call (cancellation is checked between)
 };
 
 class Engine {

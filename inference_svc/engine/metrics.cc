@@ -30,6 +30,7 @@ Metrics::Metrics(const std::string& model_name) : registry_(std::make_shared<pro
   waiting = gauge(r, "llm_num_requests_waiting", "Requests in the admission queue");
   queue_capacity = gauge(r, "llm_admission_queue_capacity", "Bound of the admission queue");
   model_loaded = gauge(r, "llm_model_loaded", "1 once the model is loaded and the service ready");
+  load_progress = gauge(r, "llm_model_load_progress_ratio", "Fraction of the resident weights read at start-up");
   ttft = hist(r, "llm_time_to_first_token_seconds", "Time to first token", exp_buckets(0.005, 2, 17));
   inter_token = hist(r, "llm_inter_token_latency_seconds", "Time between streamed tokens", exp_buckets(0.001, 2, 12));
   e2e = hist(r, "llm_e2e_request_latency_seconds", "Request latency end to end", exp_buckets(0.01, 2, 16));

@@ -25,6 +25,7 @@ class Metrics {
   prometheus::Gauge* waiting;
   prometheus::Gauge* queue_capacity;
   prometheus::Gauge* model_loaded;
+  prometheus::Gauge* load_progress;
   prometheus::Histogram* ttft;
   prometheus::Histogram* inter_token;
   prometheus::Histogram* e2e;

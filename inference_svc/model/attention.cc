@@ -56,22 +56,18 @@ std::vector<float> Model::compress(int l, Sequence& seq, const Call& call, const
     LayerState& st = seq.layers[l];
     const std::vector<float> k = project(w.comp_kv, x, S, OutRound::kF32);
     const std::vector<float> s = project(w.comp_gate, x, S, OutRound::kF32);
-    std::vector<float> kk(2 * Dh), ss(2 * Dh), row(Dh);
+    std::vector<float> row(Dh);
     auto pool = [&](const float* kp, const float* sp) {
       kernels::attn::pool_group(kp, sp, 2, Dh, row.data());
       latent.insert(latent.end(), row.begin(), row.end());
     };
-    if (call.pos0 == 0) {
-      for (int64_t g = 0; g + 1 < S; g += 2) pool(&k[g * Dh], &s[g * Dh]);
-      if (S % 2) {
-        std::copy_n(&k[(S - 1) * Dh], Dh, st.kv_state.begin());
-        std::copy_n(&s[(S - 1) * Dh], Dh, st.score_state.begin());
-      }
-    } else {
-      const int64_t slot = call.pos0 % 2;
-      std::copy_n(k.begin(), Dh, st.kv_state.begin() + slot * Dh);
-      std::copy_n(s.begin(), Dh, st.score_state.begin() + slot * Dh);
-      if ((call.pos0 + 1) % 2 == 0) pool(st.kv_state.data(), st.score_state.data());
+    // Token p fills slot p mod 2; a pair is pooled when p completes it (p + 1 even). In a
+    // prefill this pools (2g, 2g + 1) exactly as grouping the rows directly would.
+    for (int64_t t = 0; t < S; ++t) {
+      const int64_t pos = call.pos0 + t, slot = pos % 2;
+      std::copy_n(&k[t * Dh], Dh, st.kv_state.begin() + slot * Dh);
+      std::copy_n(&s[t * Dh], Dh, st.score_state.begin() + slot * Dh);
+      if ((pos + 1) % 2 == 0) pool(st.kv_state.data(), st.score_state.data());
     }
   }
   if (!latent.empty()) norm_rows(latent, w.comp_norm, cfg_.norm_eps);
@@ -93,7 +89,7 @@ std::vector<int32_t> Model::indexer(int l, Sequence& seq, Call& call, const std:
     std::vector<float> k = project(w.idx_wk, latent, n);
     norm_rows(k, w.idx_k_norm, cfg_.norm_eps);
     for (int64_t j = 0; j < n; ++j) {
-      const int64_t pos = call.pos0 == 0 ? j * r : call.pos0 + 1 - r;
+      const int64_t pos = (call.pos0 / r + j) * r;  // a group stands at its first token
       kernels::rope::apply(rope_yarn_, &k[j * Di], Di, pos);
       kernels::qdq::fp4_e8m0_32(&k[j * Di], Di);
     }
@@ -125,7 +121,7 @@ std::vector<int32_t> Model::indexer(int l, Sequence& seq, Call& call, const std:
   for (int64_t t = 0; t < S; ++t) {
     float* sc = &score[t * n_keys];
     kernels::attn::index_scores(&q[t * Hi * Di], static_cast<int>(Hi), Di, keys.data(), n_keys, &wts[t * Hi], sc);
-    const int64_t visible = call.pos0 == 0 ? (t + 1) / r : n_keys;
+    const int64_t visible = (call.pos0 + t + 1) / r;  // groups completed up to this query
     for (int64_t j = visible; j < n_keys; ++j) sc[j] = -INFINITY;
     if (L.is_candidate_source) {
       const auto mask = kernels::attn::candidate_mask(sc, n_keys, visible, cfg_.candidate_topk_blocks,
@@ -154,27 +150,48 @@ struct Model::KvSet {
 namespace {
 
 // Window rows (spec §2.4 steps 3-5): kv_norm(wkv x), RoPE, FP8 QDQ; the ring keeps the last
-// `window` rows. Prefill attends this call's rows (lists max(0, t-W+1)..t); decode attends the
-// ring, oldest slot first, slots not yet written as -1.
+// `window` rows (slot p mod W). Three call shapes:
+//  - prefill at 0: attend this call's rows; query t lists max(0, t-W+1)..t, -1 padded;
+//  - decode: attend the ring, oldest slot first, slots not yet written as -1;
+//  - a later prefill chunk: attend [ring before this call ; this call's rows], each query
+//    listing its last W positions in increasing order, -1 padded (the prefill order).
 void window_kv(const config::ModelConfig& c, const LayerWeights& w, const kernels::rope::Table& rope, LayerState& st,
-               int64_t pos0, int64_t S, const std::vector<float>& x, std::vector<float>& kv, std::vector<int32_t>& idx,
-               int64_t& width) {
+               int64_t pos0, int64_t S, const std::vector<float>& x, std::vector<float>& rows, std::vector<int32_t>& idx,
+               int64_t& width, const Hook& hook, const std::string& name) {
   const int64_t Dh = c.head_dim, W = c.window;
-  kv = project(w.wkv, x, S);
+  std::vector<float> kv = project(w.wkv, x, S);
   norm_rows(kv, w.kv_norm, c.norm_eps);
   for (int64_t t = 0; t < S; ++t) {
     kernels::rope::apply(rope, &kv[t * Dh], Dh, pos0 + t);
     kernels::qdq::fp8_e8m0_32(&kv[t * Dh], Dh);
   }
+  emit(hook, name, kv, S);
+  const bool decode = pos0 > 0 && S == 1;
+  if (pos0 > 0 && !decode) rows = st.window;  // the ring as it was before this call
   for (int64_t t = std::max<int64_t>(0, S - W); t < S; ++t) {
     std::copy_n(&kv[t * Dh], Dh, st.window.begin() + ((pos0 + t) % W) * Dh);
   }
+  if (decode) {
+    rows = st.window;
+  } else {
+    rows.insert(rows.end(), kv.begin(), kv.end());
+  }
+  const int64_t ring_rows = pos0 > 0 && !decode ? W : 0;
   width = pos0 == 0 ? std::min(S, W) : W;
-  idx.resize(static_cast<size_t>(S * width));
+  idx.assign(static_cast<size_t>(S * width), -1);
   for (int64_t t = 0; t < S; ++t) {
-    for (int64_t j = 0; j < width; ++j) {
-      const int64_t v = pos0 == 0 ? std::max<int64_t>(0, t - W + 1) + j : (pos0 % W + 1 + j) % W;
-      idx[t * width + j] = static_cast<int32_t>(v > (pos0 == 0 ? t : pos0) ? -1 : v);
+    const int64_t p = pos0 + t;
+    int32_t* out = &idx[t * width];
+    if (decode) {
+      for (int64_t j = 0; j < W; ++j) {
+        const int64_t slot = (pos0 % W + 1 + j) % W;
+        out[j] = static_cast<int32_t>(slot > pos0 ? -1 : slot);
+      }
+      continue;
+    }
+    int64_t n = 0;
+    for (int64_t q = std::max<int64_t>(0, p - W + 1); q <= p; ++q) {
+      out[n++] = static_cast<int32_t>(q >= pos0 ? ring_rows + (q - pos0) : q % W);
     }
   }
 }
@@ -216,7 +233,7 @@ void Model::compressed_kv(int l, Sequence& seq, Call& call, const std::vector<fl
     // Group j stands at its first token's position j * r; FP4 with E4M3 scales per 16.
     const int64_t n = static_cast<int64_t>(latent.size()) / Dh;
     for (int64_t j = 0; j < n; ++j) {
-      kernels::rope::apply(rope_yarn_, &latent[j * Dh], Dh, call.pos0 == 0 ? j * r : call.pos0 + 1 - r);
+      kernels::rope::apply(rope_yarn_, &latent[j * Dh], Dh, (call.pos0 / r + j) * r);
       kernels::qdq::fp4_e4m3_16(&latent[j * Dh], Dh);
     }
     std::vector<float>& cache = seq.layers[l].comp_kv;
@@ -251,9 +268,7 @@ void Model::attention(int l, Sequence& seq, Call& call, std::vector<float>& x, s
   }
   emit(hook, p + "q", q, S);
   KvSet kv;
-  window_kv(cfg_, w, rope, seq.layers[l], call.pos0, S, x, kv.rows, kv.idx, kv.width);
-  emit(hook, p + "window_kv", kv.rows, S);
-  if (call.pos0 > 0) kv.rows = seq.layers[l].window;
+  window_kv(cfg_, w, rope, seq.layers[l], call.pos0, S, x, kv.rows, kv.idx, kv.width, hook, p + "window_kv");
   if (L.compress_ratio > 0) compressed_kv(l, seq, call, x, qr, kv, hook);
   emit_idx(hook, p + "topk_idxs", kv.idx, S);
   // Sparse attention with the sink, then the inverse RoPE at the query position.

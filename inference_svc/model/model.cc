@@ -126,9 +126,6 @@ Status Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool al
                       const Hook& hook) const {
   const int64_t S = static_cast<int64_t>(tokens.size());
   if (S == 0) return absl::InvalidArgumentError("forward: no tokens");
-  if (seq.n_past > 0 && S != 1) {
-    return absl::UnimplementedError("forward: after the prefill, tokens go one decode step at a time");
-  }
   if (seq.n_past + S > static_cast<int64_t>(cfg_.n_ctx)) {
     return absl::OutOfRangeError(absl::StrCat("sequence of ", seq.n_past + S, " tokens exceeds the context of ", cfg_.n_ctx));
   }
@@ -141,7 +138,9 @@ Status Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool al
   Call call;
   call.pos0 = seq.n_past;
   call.S = S;
-  call.n_win = call.pos0 == 0 ? S : cfg_.window;
+  // Window rows ahead of the compressed rows (see window_kv): this call's rows in a first
+  // prefill, the ring in a decode step, ring + this call's rows in a later prefill chunk.
+  call.n_win = call.pos0 == 0 ? S : (S == 1 ? cfg_.window : cfg_.window + S);
   std::vector<float> h;
   embed(tokens, h);
   std::vector<float> pre_mix(static_cast<size_t>(S * cfg_.hc_mult), 0.0f);

@@ -80,9 +80,10 @@ class Model {
   const config::ModelConfig& config() const { return cfg_; }
   std::unique_ptr<Sequence> new_sequence() const;
 
-  // Runs `tokens` at positions seq.n_past...: a prefill (seq empty, any length up to the
-  // context) or one decode token. logits gets [rows][n_vocab] fp32: every position when
-  // all_logits, else the last one only.
+  // Runs `tokens` at positions seq.n_past...: a prefill (seq empty), a further prefill chunk,
+  // or one decode token. The reference supports only the first and the last; a chunk does
+  // the same math (each query lists its window in increasing position order, as a prefill
+  // does). logits gets [rows][n_vocab] fp32: every position when all_logits, else the last.
   Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits,
                  const Hook& hook = nullptr) const;
 

@@ -32,6 +32,27 @@ StatusOr<std::vector<float>> load_f32(const gguf::Model& m, const std::string& n
   return out;
 }
 
+Status warm_resident(const gguf::Model& m, const std::function<bool(uint64_t, uint64_t)>& progress) {
+  auto resident = [](const gguf::TensorInfo& t) {
+    return t.name.find("_exps.") == std::string::npos && t.name.find("engram_embd") == std::string::npos;
+  };
+  uint64_t total = 0, done = 0;
+  for (const auto& t : m.tensors()) total += resident(t) ? t.n_bytes : 0;
+  constexpr uint64_t kChunk = 16 << 20;
+  std::vector<uint8_t> buf(kChunk);
+  for (const auto& t : m.tensors()) {
+    if (!resident(t)) continue;
+    for (uint64_t off = 0; off < t.n_bytes; off += kChunk) {
+      const uint64_t n = std::min(kChunk, t.n_bytes - off);
+      RETURN_IF_ERROR(m.read(t, off, buf.data(), n));
+      done += n;
+      if (progress && !progress(done, total)) return absl::CancelledError("loading interrupted");
+    }
+  }
+  if (progress) progress(done, total);
+  return absl::OkStatus();
+}
+
 StatusOr<LayerWeights> load_layer(const gguf::Model& m, const config::ModelConfig& c, int l) {
   const config::LayerConfig& L = c.layers[l];
   const std::string p = absl::StrCat("blk.", l, ".");

@@ -2,6 +2,7 @@
 // copies for the small vectors (norms, hc parameters, sinks, router bias, Engram q*k).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "common/config/config.h"
@@ -35,6 +36,12 @@ struct LayerWeights {
 
 // Loads layer `l` (validated inventory assumed: config::validate_tensors).
 StatusOr<LayerWeights> load_layer(const gguf::Model& m, const config::ModelConfig& c, int l);
+// Reads every resident tensor (all but the routed experts and the Engram tables, which are
+// fetched on demand) once, so that its pages are in memory before the first request; calls
+// progress(done_bytes, total_bytes) after each chunk and stops with CANCELLED when it
+// returns false.
+Status warm_resident(const gguf::Model& m, const std::function<bool(uint64_t, uint64_t)>& progress);
+
 // Decodes a whole tensor to fp32.
 StatusOr<std::vector<float>> load_f32(const gguf::Model& m, const std::string& name);
 

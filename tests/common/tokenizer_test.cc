@@ -150,6 +150,19 @@ TEST(Detokenizer, NeverSplitsACharacter) {
   EXPECT_EQ(d.flush(), "\xEF\xBF\xBD");
 }
 
+TEST(Detokenizer, InvalidBytesBecomeReplacementCharacters) {
+  Vocab v = build_synthetic_vocab("", 0);
+  auto t = Tokenizer::create(v);
+  ASSERT_TRUE(t.ok());
+  Detokenizer d(**t, true);
+  auto byte = [&](unsigned char b) { return *(*t)->find(bytes_to_unicode(std::string(1, static_cast<char>(b)))); };
+  std::string out;
+  for (int b : {0xff, 'a', 0xe4, 0xb8, 'b', 0x80}) out += *d.push(byte(static_cast<unsigned char>(b)));
+  out += d.flush();
+  // 0xff is never valid; E4 B8 followed by 'b' is a cut character; a lone 0x80 likewise.
+  EXPECT_EQ(out, "\xEF\xBF\xBD" "a" "\xEF\xBF\xBD\xEF\xBF\xBD" "b" "\xEF\xBF\xBD");
+}
+
 TEST(Chat, ThinkingPromptMatchesOfficialExample) {
   const Tokenizer& t = trained();
   ChatOptions o;

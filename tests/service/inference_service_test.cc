@@ -219,6 +219,17 @@ TEST_F(Service, MetricsPassPromtool) {
   EXPECT_EQ(std::system(("promtool check metrics < " + dir.file("m.txt")).c_str()), 0);
 }
 
+TEST_F(Service, ChunkedPrefillServerGivesTheSameTokens) {
+  ServerProcess chunked({"--prefill-chunk", "3"});
+  ASSERT_TRUE(chunked.ready()) << chunked.log();
+  GenerateRequest req = greedy("Questions and answers. What does the expert store do?", 16);
+  const auto a = run_stream(server_->stub(), req);
+  const auto b = run_stream(chunked.stub(), req);
+  ASSERT_TRUE(a.status.ok() && b.status.ok());
+  EXPECT_GT(a.events.back().final().usage().prompt_tokens(), 6u);
+  EXPECT_EQ(a.ids(), b.ids());
+}
+
 TEST(ServiceAdmission, QueueFullIsResourceExhausted) {
   ServerProcess server({"--max-queue", "1"});
   ASSERT_TRUE(server.ready()) << server.log();
