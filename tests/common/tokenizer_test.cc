@@ -157,7 +157,7 @@ TEST(Detokenizer, InvalidBytesBecomeReplacementCharacters) {
   Detokenizer d(**t, true);
   auto byte = [&](unsigned char b) { return *(*t)->find(bytes_to_unicode(std::string(1, static_cast<char>(b)))); };
   std::string out;
-  for (int b : {0xff, 'a', 0xe4, 0xb8, 'b', 0x80}) out += *d.push(byte(static_cast<unsigned char>(b)));
+  for (int b : {0xff, 0x61, 0xe4, 0xb8, 0x62, 0x80}) out += *d.push(byte(static_cast<unsigned char>(b)));
   out += d.flush();
   // 0xff is never valid; E4 B8 followed by 'b' is a cut character; a lone 0x80 likewise.
   EXPECT_EQ(out, "\xEF\xBF\xBD" "a" "\xEF\xBF\xBD\xEF\xBF\xBD" "b" "\xEF\xBF\xBD");
