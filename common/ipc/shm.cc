@@ -1,0 +1,118 @@
+// memfd regions and SCM_RIGHTS fd passing (Linux).
+#include "common/ipc/shm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace dsflash::ipc {
+namespace {
+
+Status sys_error(const char* what) { return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno))); }
+
+}  // namespace
+
+StatusOr<SharedRegion> SharedRegion::create(const std::string& name, size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("shared region of 0 bytes");
+  const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return sys_error("memfd_create");
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const Status s = absl::ResourceExhaustedError(absl::StrCat("ftruncate of a ", bytes, "-byte memfd: ", std::strerror(errno)));
+    ::close(fd);
+    return s;
+  }
+  (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+  return map(fd, true);
+}
+
+StatusOr<SharedRegion> SharedRegion::map(int fd, bool writable) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const Status s = sys_error("fstat of a shared region");
+    ::close(fd);
+    return s;
+  }
+  SharedRegion r;
+  r.fd_ = fd;
+  r.size_ = static_cast<size_t>(st.st_size);
+  void* p = ::mmap(nullptr, r.size_, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return sys_error("mmap of a shared region");
+  r.data_ = static_cast<uint8_t*>(p);
+  return r;
+}
+
+SharedRegion::SharedRegion(SharedRegion&& o) noexcept { *this = std::move(o); }
+
+SharedRegion& SharedRegion::operator=(SharedRegion&& o) noexcept {
+  if (this != &o) {
+    this->~SharedRegion();
+    fd_ = o.fd_;
+    data_ = o.data_;
+    size_ = o.size_;
+    o.fd_ = -1;
+    o.data_ = nullptr;
+    o.size_ = 0;
+  }
+  return *this;
+}
+
+SharedRegion::~SharedRegion() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+  if (fd_ >= 0) ::close(fd_);
+  data_ = nullptr;
+  fd_ = -1;
+}
+
+Status send_fds(int sock, const std::vector<int>& fds, const std::string& payload) {
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
+  std::string body = payload.empty() ? std::string(1, '\0') : payload;
+  iovec iov{body.data(), body.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    msg.msg_control = control.data();
+    msg.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  if (::sendmsg(sock, &msg, MSG_NOSIGNAL) < 0) return sys_error("sendmsg(SCM_RIGHTS)");
+  return absl::OkStatus();
+}
+
+Status recv_fds(int sock, size_t max_fds, std::vector<int>* fds, std::string* payload) {
+  std::vector<char> control(CMSG_SPACE(sizeof(int) * max_fds));
+  std::vector<char> body(4096);
+  iovec iov{body.data(), body.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control.data();
+  msg.msg_controllen = control.size();
+  const ssize_t n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  if (n < 0) return sys_error("recvmsg(SCM_RIGHTS)");
+  if (n == 0) return absl::UnavailableError("the peer closed the fd socket");
+  if (msg.msg_flags & MSG_CTRUNC) return absl::InternalError("recvmsg: more fds than expected");
+  fds->clear();
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      const int* p = reinterpret_cast<const int*>(CMSG_DATA(c));
+      fds->insert(fds->end(), p, p + k);
+    }
+  }
+  payload->assign(body.data(), static_cast<size_t>(n));
+  return absl::OkStatus();
+}
+
+}  // namespace dsflash::ipc

@@ -1,0 +1,93 @@
+// The expert store core on real files: bytes in slots equal bytes in the file, misses load,
+// hits do not, prefetches run behind demand, a budget too small for one layer's top-k is
+// refused, and the golden model run through a store whose arena is smaller than the model
+// (forcing evictions) gives bit-identical logits to the in-process GGUF expert source.
+#include "common/gguf/gguf.h"
+#include "expertstore_svc/local_source.h"
+#include "expertstore_svc/store.h"
+#include "gtest/gtest.h"
+#include "inference_svc/model/model.h"
+#include "tests/golden_data.h"
+
+namespace dsflash::expertstore {
+namespace {
+
+std::string golden_model() { return testing::golden_dir() + "/tiny_a.gguf"; }
+
+TEST(Store, SlotsHoldTheFileBytes) {
+  auto store = Store::open(golden_model(), StoreOptions{.budget_bytes = 64 << 20, .reader_threads = 2});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Store& s = **store;
+  auto file = gguf::Model::open(golden_model());
+  ASSERT_TRUE(file.ok());
+  auto lease = s.acquire(4, 1);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  const ExpertSlices sl = *s.slices().at(4, 1);
+  const uint8_t* slot = s.arena().data() + uint64_t{lease->slot} * s.slices().slot_bytes();
+  for (const Slice* x : {&sl.gate, &sl.up, &sl.down}) {
+    std::vector<uint8_t> want(x->bytes);
+    ASSERT_TRUE((*file)->shard(x->shard).pread(x->file_offset, want.data(), want.size()).ok());
+    EXPECT_EQ(0, std::memcmp(slot + x->slot_offset, want.data(), want.size()));
+  }
+  s.release(*lease);
+  auto again = s.acquire(4, 1);  // now a hit
+  ASSERT_TRUE(again.ok());
+  s.release(*again);
+  const StoreStats st = s.stats();
+  EXPECT_EQ(st.loads, 1u);
+  EXPECT_EQ(st.hits, 1u);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_EQ(st.leased, 0u);
+  EXPECT_EQ(s.acquire(6, 0).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(s.acquire(0, 4).status().code(), absl::StatusCode::kOutOfRange);
+  s.prefetch(5, 2);
+  for (int i = 0; i < 200 && !s.table().resident_slot(5, 2); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_NE(s.table().resident_slot(5, 2), 0u);
+  EXPECT_TRUE(s.table().verify_integrity().ok());
+}
+
+TEST(Store, RefusesABudgetBelowOneLayersTopK) {
+  auto store = Store::open(golden_model(), StoreOptions{.budget_bytes = 100000, .reader_threads = 1});
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("top-2"), std::string::npos) << store.status();
+  auto missing = Store::open(testing::golden_dir() + "/nope.gguf", StoreOptions{});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(Store, SmallArenaGivesIdenticalLogits) {
+  const auto& g = testing::Golden::get();
+  auto file = gguf::Model::open(golden_model());
+  ASSERT_TRUE(file.ok());
+  auto ref_model = model::Model::load(**file);
+  ASSERT_TRUE(ref_model.ok());
+  // 24 experts (6 layers x 4) but room for 3: every layer evicts.
+  auto probe = Store::open(golden_model(), StoreOptions{.budget_bytes = 64 << 20});
+  ASSERT_TRUE(probe.ok());
+  const uint64_t slot = (*probe)->slices().slot_bytes();
+  auto store = Store::open(golden_model(), StoreOptions{.budget_bytes = 3 * slot, .reader_threads = 2});
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto source = std::make_unique<LocalStoreSource>(**store);
+  LocalStoreSource* src = source.get();
+  auto store_model = model::Model::load(**file, std::move(source));
+  ASSERT_TRUE(store_model.ok());
+  const auto tokens = g.ints("prompt.len17.tokens");
+  auto a = (*ref_model)->new_sequence(), b = (*store_model)->new_sequence();
+  std::vector<float> la, lb;
+  ASSERT_TRUE((*ref_model)->forward(*a, tokens, true, &la).ok());
+  ASSERT_TRUE((*store_model)->forward(*b, tokens, true, &lb).ok());
+  EXPECT_EQ(la, lb);
+  for (int32_t t : {5, 77, 300}) {
+    ASSERT_TRUE((*ref_model)->forward(*a, {t}, false, &la).ok());
+    ASSERT_TRUE((*store_model)->forward(*b, {t}, false, &lb).ok());
+    EXPECT_EQ(la, lb);
+  }
+  EXPECT_EQ(src->held(), 0u);  // every lease released after its layer
+  const StoreStats st = (*store)->stats();
+  EXPECT_EQ(st.slots, 3u);
+  EXPECT_GT(st.loads, 3u);  // evictions happened
+  EXPECT_EQ(st.leased, 0u);
+  EXPECT_TRUE((*store)->table().verify_integrity().ok());
+}
+
+}  // namespace
+}  // namespace dsflash::expertstore
