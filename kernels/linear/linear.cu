@@ -1,0 +1,92 @@
+// Quantised GEMV/GEMM on the GPU: one warp per output row, lanes stride over the row's
+// values, decode each value from its GGML block (kernels/cuda/ggml_blocks.cuh) and multiply
+// with up to kTok tokens held in registers; a warp shuffle reduces, lane 0 writes (bf16-
+// rounded or fp32). Memory-bound at decode (n_tok = 1): the weight bytes are read once per
+// token group, x stays in L1/L2.
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/cuda_util.cuh"
+#include "kernels/cuda/ggml_blocks.cuh"
+#include "kernels/linear/linear_cuda.h"
+
+namespace dsflash::kernels {
+namespace {
+
+using quant::GgmlType;
+using namespace dsflash::kernels::cuda;
+
+constexpr int kWarps = 8;  // rows per CUDA block
+constexpr int kTok = 4;    // tokens per pass
+
+struct LinearParams {
+  const uint8_t* w;  // [rows][row_bytes]
+  const float* x;    // [n_tok][cols]
+  float* y;          // [n_tok][rows]
+  int64_t rows, cols, row_bytes, n_tok;
+  int block_elems, block_bytes;
+  bool round_bf16;
+};
+
+template <GgmlType kType>
+__global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= p.rows) return;
+  const uint8_t* wr = p.w + row * p.row_bytes;
+  for (int64_t t0 = 0; t0 < p.n_tok; t0 += kTok) {
+    const int nt = p.n_tok - t0 < kTok ? static_cast<int>(p.n_tok - t0) : kTok;
+    float acc[kTok] = {};
+    for (int64_t i = lane; i < p.cols; i += 32) {
+      const float v = block_value<kType>(wr + (i / p.block_elems) * p.block_bytes, static_cast<int>(i % p.block_elems));
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        if (t < nt) acc[t] += v * p.x[(t0 + t) * p.cols + i];
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) {
+      for (int off = 16; off > 0; off >>= 1) acc[t] += __shfl_down_sync(0xffffffffu, acc[t], off);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {  // static indices keep acc in registers
+        if (t < nt) p.y[(t0 + t) * p.rows + row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[t])) : acc[t];
+      }
+    }
+  }
+}
+
+template <GgmlType kType>
+Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
+  const unsigned grid = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
+  return cuda::launch(linear_kernel<kType>,
+                      cuda::LaunchParams{dim3(grid), dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)}, p);
+}
+
+}  // namespace
+
+Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y, OutRound round) {
+  if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_cuda needs a CUDA context");
+  if (w.rows <= 0 || w.cols <= 0 || n_tok <= 0) return absl::InvalidArgumentError("linear_cuda: empty shape");
+  const quant::TypeTraits& t = quant::traits(w.type);
+  if (w.cols % t.block_elems != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("linear_cuda: ", w.cols, " columns are not whole ", t.name, " blocks"));
+  }
+  const LinearParams p{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), n_tok,
+                       static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
+  switch (w.type) {
+    case GgmlType::kF32: return launch_linear<GgmlType::kF32>(ctx, p);
+    case GgmlType::kF16: return launch_linear<GgmlType::kF16>(ctx, p);
+    case GgmlType::kBF16: return launch_linear<GgmlType::kBF16>(ctx, p);
+    case GgmlType::kQ8_0: return launch_linear<GgmlType::kQ8_0>(ctx, p);
+    case GgmlType::kQ2_K: return launch_linear<GgmlType::kQ2_K>(ctx, p);
+    case GgmlType::kQ3_K: return launch_linear<GgmlType::kQ3_K>(ctx, p);
+    case GgmlType::kQ4_K: return launch_linear<GgmlType::kQ4_K>(ctx, p);
+    case GgmlType::kQ5_K: return launch_linear<GgmlType::kQ5_K>(ctx, p);
+    case GgmlType::kQ6_K: return launch_linear<GgmlType::kQ6_K>(ctx, p);
+    case GgmlType::kMXFP4: return launch_linear<GgmlType::kMXFP4>(ctx, p);
+    default: return absl::UnimplementedError(absl::StrCat("linear_cuda: no device decoder for ", t.name));
+  }
+}
+
+}  // namespace dsflash::kernels

@@ -1,0 +1,16 @@
+// Linear layers on the CUDA backend (host-only header): y[t][o] = sum_i x[t][i] * W[o][i]
+// with W in a GGML type read and decoded inside the kernel, fp32 accumulation, output rounded
+// to bf16 or kept in fp32, exactly as kernels::linear on the CPU (up to summation order).
+#pragma once
+
+#include "kernels/exec.h"
+#include "kernels/linear/linear.h"
+
+namespace dsflash::kernels {
+
+// w.data, x [n_tok][w.cols] and y [n_tok][w.rows] are device pointers; runs on ctx.cuda_stream.
+// Unimplemented for types without a device decoder; FailedPrecondition in a build without CUDA.
+Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y,
+                   OutRound round = OutRound::kBf16);
+
+}  // namespace dsflash::kernels
