@@ -56,12 +56,90 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
   }
 }
 
+// Q2_K / Q3_K rows (the expert matrices): a lane takes one 16-value sub-block per step, so a
+// warp covers two 256-value super-blocks; the lane loads its 16 code bytes as 4 words, its
+// 16 activations as 4 float4, and forms sum x*q and sum x once per sub-block:
+//   sum_i x_i (dl q_i - ml) = dl * sum x_i q_i - ml * sum x_i.
+// Sub-block s = 8n + 2j + h covers values 128n + 32j + 16h + [0, 16), codes in
+// qs[32n + 16h + i] >> 2j (and, for Q3_K, hmask[16h + i] bit 4n + j).
+template <GgmlType kType>
+__global__ void __launch_bounds__(kWarps * 32) linear_k23_kernel(LinearParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= p.rows) return;
+  const uint8_t* wr = p.w + row * p.row_bytes;
+  const int64_t n_super = p.cols / 256;
+  const int s = lane & 15, n = s / 8, j = (s % 8) / 2, h = s % 2;
+  const int first = 128 * n + 32 * j + 16 * h;
+  for (int64_t t0 = 0; t0 < p.n_tok; t0 += kTok) {
+    const int nt = p.n_tok - t0 < kTok ? static_cast<int>(p.n_tok - t0) : kTok;
+    float acc[kTok] = {};
+    for (int64_t sb = lane >> 4; sb < n_super; sb += 2) {
+      const uint8_t* b = wr + sb * p.block_bytes;
+      int q[16];
+      float dl, ml = 0.0f;
+      if constexpr (kType == GgmlType::kQ2_K) {
+        const uint8_t sc = b[s];
+        dl = half_at(b + 80) * static_cast<float>(sc & 0xf);
+        ml = half_at(b + 82) * static_cast<float>(sc >> 4);
+        // 84-byte blocks keep the code bytes 4-byte aligned: four word loads.
+        const uint32_t* qs = reinterpret_cast<const uint32_t*>(b + 16 + 32 * n + 16 * h);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t w4 = (qs[k] >> (2 * j)) & 0x03030303u;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) q[4 * k + i] = (w4 >> (8 * i)) & 3;
+        }
+      } else {
+        const uint8_t* sc6 = b + 96;
+        const int lo4 = s < 8 ? (sc6[s] & 0xf) : (sc6[s - 8] >> 4);
+        const int hi2 = (sc6[8 + (s % 4)] >> (2 * (s / 4))) & 3;
+        dl = half_at(b + 108) * static_cast<float>((lo4 | (hi2 << 4)) - 32);
+        const uint8_t* qs = b + 32 + 32 * n + 16 * h;
+        const uint8_t* hm = b + 16 * h;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) q[i] = ((qs[i] >> (2 * j)) & 3) - (((hm[i] >> (4 * n + j)) & 1) ? 0 : 4);
+      }
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        if (t >= nt) continue;
+        const float4* xv = reinterpret_cast<const float4*>(p.x + (t0 + t) * p.cols + sb * 256 + first);
+        float sxq = 0.0f, sx = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float4 v = xv[k];
+          sxq += v.x * q[4 * k] + v.y * q[4 * k + 1] + v.z * q[4 * k + 2] + v.w * q[4 * k + 3];
+          sx += (v.x + v.y) + (v.z + v.w);
+        }
+        acc[t] += dl * sxq - ml * sx;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) {
+      for (int off = 16; off > 0; off >>= 1) acc[t] += __shfl_down_sync(0xffffffffu, acc[t], off);
+    }
+    if (lane == 0) {
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        if (t < nt) p.y[(t0 + t) * p.rows + row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[t])) : acc[t];
+      }
+    }
+  }
+}
+
 template <GgmlType kType>
 Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   const unsigned grid = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
-  return cuda::launch(linear_kernel<kType>,
-                      cuda::LaunchParams{dim3(grid), dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)}, p);
+  const cuda::LaunchParams lp{dim3(grid), dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)};
+  if constexpr (kType == GgmlType::kQ2_K || kType == GgmlType::kQ3_K) {
+    // float4 activation loads need 16-byte aligned x; Q2_K word loads a 4-byte aligned W.
+    const bool w_ok = kType != GgmlType::kQ2_K || (reinterpret_cast<uintptr_t>(p.w) % 4 == 0 && p.row_bytes % 4 == 0);
+    if (reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && w_ok) return cuda::launch(linear_k23_kernel<kType>, lp, p);
+  }
+  return cuda::launch(linear_kernel<kType>, lp, p);
 }
+
+
 
 }  // namespace
 
