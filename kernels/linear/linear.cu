@@ -27,6 +27,21 @@ struct LinearParams {
   bool round_bf16;
 };
 
+// Warp-reduces each token's partial sums and lets lane 0 write the row's outputs (static
+// indices keep acc in registers).
+__device__ __forceinline__ void store_row(const LinearParams& p, float (&acc)[kTok], int nt, int64_t row, int64_t t0,
+                                          int lane) {
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) {
+    for (int off = 16; off > 0; off >>= 1) acc[t] += __shfl_down_sync(0xffffffffu, acc[t], off);
+  }
+  if (lane != 0) return;
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) {
+    if (t < nt) p.y[(t0 + t) * p.rows + row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[t])) : acc[t];
+  }
+}
+
 template <GgmlType kType>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
   const int lane = threadIdx.x & 31;
@@ -43,16 +58,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
         if (t < nt) acc[t] += v * p.x[(t0 + t) * p.cols + i];
       }
     }
-#pragma unroll
-    for (int t = 0; t < kTok; ++t) {
-      for (int off = 16; off > 0; off >>= 1) acc[t] += __shfl_down_sync(0xffffffffu, acc[t], off);
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int t = 0; t < kTok; ++t) {  // static indices keep acc in registers
-        if (t < nt) p.y[(t0 + t) * p.rows + row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[t])) : acc[t];
-      }
-    }
+    store_row(p, acc, nt, row, t0, lane);
   }
 }
 
@@ -114,16 +120,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_k23_kernel(LinearParams p)
         acc[t] += dl * sxq - ml * sx;
       }
     }
-#pragma unroll
-    for (int t = 0; t < kTok; ++t) {
-      for (int off = 16; off > 0; off >>= 1) acc[t] += __shfl_down_sync(0xffffffffu, acc[t], off);
-    }
-    if (lane == 0) {
-#pragma unroll
-      for (int t = 0; t < kTok; ++t) {
-        if (t < nt) p.y[(t0 + t) * p.rows + row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[t])) : acc[t];
-      }
-    }
+    store_row(p, acc, nt, row, t0, lane);
   }
 }
 

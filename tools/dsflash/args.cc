@@ -1,6 +1,8 @@
 // Flag parsing for the dsflash CLI.
 #include "tools/dsflash/args.h"
 
+#include <cstdio>
+
 #include "absl/strings/numbers.h"
 
 namespace dsflash::tools {
@@ -47,6 +49,12 @@ StatusOr<int64_t> Args::get_int(const std::string& name, int64_t fallback) const
   int64_t out;
   if (!absl::SimpleAtoi(*v, &out)) return absl::InvalidArgumentError(absl::StrCat("--", name, " = '", *v, "' is not an integer"));
   return out;
+}
+
+int exit_code(const Status& s) {
+  if (s.ok()) return 0;
+  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+  return 1;
 }
 
 }  // namespace dsflash::tools

@@ -27,4 +27,7 @@ class Args {
   std::vector<std::string> positional_;
 };
 
+// Exit code of a command that ran: 0 when ok, else prints "error: ..." and returns 1.
+int exit_code(const Status& s);
+
 }  // namespace dsflash::tools

@@ -125,12 +125,7 @@ int bench_main(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "usage: dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--label L]\n");
     return 2;
   }
-  const Status s = run(*args);
-  if (!s.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return exit_code(run(*args));
 }
 
 }  // namespace dsflash::tools

@@ -61,12 +61,7 @@ int logits_main(const std::vector<std::string>& argv) {
                  args.ok() ? "" : std::string(args.status().message()).c_str());
     return 2;
   }
-  const Status s = run(*args);
-  if (!s.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  return exit_code(run(*args));
 }
 
 }  // namespace dsflash::tools
