@@ -369,13 +369,10 @@ StatusOr<std::vector<LayerConfig>> derive_layers(const ModelConfig& c) {
   return layers;
 }
 
-StatusOr<ModelConfig> from_gguf(const gguf::Model& m) {
-  RETURN_IF_ERROR(refuse_wrong_architecture(m));
-  RETURN_IF_ERROR(refuse_family_b(m));
-  ModelConfig c;
-  c.family = Family::kA;
-  if (const gguf::Value* n = m.find("general.name"); n && n->as_string()) c.name = *n->as_string();
-  Keys k(m);
+namespace {
+
+// The Family-A hyperparameter keys (spec §4.1), with released defaults where optional.
+void read_hparams(Keys& k, const gguf::Model& m, ModelConfig& c) {
   c.n_vocab = k.u32("vocab_size", 0);
   if (c.n_vocab == 0) {
     if (const gguf::Value* t = m.find("tokenizer.ggml.tokens")) c.n_vocab = static_cast<uint32_t>(t->size());
@@ -417,12 +414,10 @@ StatusOr<ModelConfig> from_gguf(const gguf::Model& m) {
   if (c.score_func != "sqrtsoftplus") k.problems.push_back(absl::StrCat("expert scoring function '", c.score_func, "' is not sqrtsoftplus"));
   if (k.u32("hash_layer_count", 0) != 0) k.problems.push_back("hash_layer_count > 0: hash-routed MoE layers are DeepSeek-V4, not V4.1");
   c.compress_ratios = k.ints<int>("attention.compress_ratios");
-  read_schedule(k, m, c);
-  read_engram(k, m, c);
-  if (!k.problems.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("'", m.path(), "' is not a usable DeepSeek-V4.1 file: ", absl::StrJoin(k.problems, "; ")));
-  }
+}
 
+// Plausibility of the hyperparameters and the Engram constants; every problem is listed.
+std::vector<std::string> check_hparams(const ModelConfig& c) {
   std::vector<std::string> p;
   auto require = [&](bool ok, const std::string& what) { if (!ok) p.push_back(what); };
   require(c.n_layer > 0 && c.n_embd > 0 && c.n_head > 0 && c.head_dim > 0, "zero model dimension");
@@ -436,6 +431,25 @@ StatusOr<ModelConfig> from_gguf(const gguf::Model& m) {
           absl::StrCat("engram.token_map has ", c.engram.token_map.size(), " entries for a vocabulary of ", c.n_vocab));
   for (int l : c.engram.layer_ids) require(l >= 0 && static_cast<uint32_t>(l) < c.n_layer, absl::StrCat("Engram layer ", l, " out of range"));
   if (const Status s = check_engram(c.engram); !s.ok()) p.push_back(std::string(s.message()));
+  return p;
+}
+
+}  // namespace
+
+StatusOr<ModelConfig> from_gguf(const gguf::Model& m) {
+  RETURN_IF_ERROR(refuse_wrong_architecture(m));
+  RETURN_IF_ERROR(refuse_family_b(m));
+  ModelConfig c;
+  c.family = Family::kA;
+  if (const gguf::Value* n = m.find("general.name"); n && n->as_string()) c.name = *n->as_string();
+  Keys k(m);
+  read_hparams(k, m, c);
+  read_schedule(k, m, c);
+  read_engram(k, m, c);
+  if (!k.problems.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", m.path(), "' is not a usable DeepSeek-V4.1 file: ", absl::StrJoin(k.problems, "; ")));
+  }
+  std::vector<std::string> p = check_hparams(c);
   std::vector<float> lim_exp, lim_shexp;
   if (const gguf::Value* v = m.find("deepseek41.swiglu_clamp_exp")) lim_exp = v->floats().value_or(std::vector<float>{});
   if (const gguf::Value* v = m.find("deepseek41.swiglu_clamp_shexp")) lim_shexp = v->floats().value_or(std::vector<float>{});
