@@ -34,6 +34,7 @@ struct Flags {
   uint32_t max_new_tokens = 256;
   int grace_seconds = 30;
   uint32_t prefill_chunk = 256;
+  double load_rate_mbps = 0;  // 0: unlimited
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -52,6 +53,7 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     if (a == "--max-new-tokens" && value(&v) && absl::SimpleAtoi(v, &f->max_new_tokens)) continue;
     if (a == "--grace-seconds" && value(&v) && absl::SimpleAtoi(v, &f->grace_seconds)) continue;
     if (a == "--prefill-chunk" && value(&v) && absl::SimpleAtoi(v, &f->prefill_chunk) && f->prefill_chunk > 0) continue;
+    if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
     std::fprintf(stderr, "dsflash-inference: bad argument '%s'\n", a.c_str());
     return false;
   }
@@ -81,12 +83,18 @@ struct Loaded {
 
 // Reads the resident weights with progress (log every 2 s and a gauge), then builds the model
 // and the tokenizer. A signal while loading cancels.
-dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file, dsflash::engine::Metrics& metrics) {
+dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file, dsflash::engine::Metrics& metrics,
+                                                 double rate_mbps) {
   using namespace dsflash;
   const auto t0 = std::chrono::steady_clock::now();
   auto last = t0;
   RETURN_IF_ERROR(model::warm_resident(file, [&](uint64_t done, uint64_t total) {
     metrics.load_progress->Set(total ? static_cast<double>(done) / static_cast<double>(total) : 1.0);
+    if (rate_mbps > 0) {  // hold the average read rate at the cap
+      const auto due = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                std::chrono::duration<double>(done / (rate_mbps * 1e6)));
+      while (std::chrono::steady_clock::now() < due && g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     const auto now = std::chrono::steady_clock::now();
     if (now - last >= std::chrono::seconds(2) || done == total) {
       last = now;
@@ -114,7 +122,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: dsflash-inference --model FILE.gguf [--listen ADDR[,ADDR]] (default 0.0.0.0:50051; unix:PATH ok)\n"
                  "       [--metrics HOST:PORT] (default 0.0.0.0:9100) [--max-queue N] [--max-new-tokens N] "
-                 "[--grace-seconds S] [--prefill-chunk N]\n");
+                 "[--grace-seconds S] [--prefill-chunk N]\n"
+                 "       [--load-rate-mbps R] (cap the start-up read rate, e.g. to spare a shared NVMe; 0 = none)\n");
     return 2;
   }
   std::signal(SIGTERM, on_signal);
@@ -152,7 +161,7 @@ int main(int argc, char** argv) {
   log::info("listening on %s (not ready: loading %s, %.1f MiB in %zu file(s)); metrics on %s/metrics", flags.listen,
             flags.model, (*file)->total_bytes() / 1048576.0, (*file)->n_shards(), flags.metrics);
 
-  auto loaded = load(**file, metrics);
+  auto loaded = load(**file, metrics, flags.load_rate_mbps);
   if (!loaded.ok()) {
     log::error("%s", std::string(loaded.status().message()));
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -7,6 +7,7 @@
 #include <future>
 
 #include "common/tokenizer/unicode.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/service/server_process.h"
 
 namespace dsflash::testing {
@@ -228,6 +229,42 @@ TEST_F(Service, ChunkedPrefillServerGivesTheSameTokens) {
   ASSERT_TRUE(a.status.ok() && b.status.ok());
   EXPECT_GT(a.events.back().final().usage().prompt_tokens(), 6u);
   EXPECT_EQ(a.ids(), b.ids());
+}
+
+TEST_F(Service, ReflectionListsTheServices) {
+  auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(server_->channel());
+  grpc::ClientContext ctx;
+  auto stream = reflection->ServerReflectionInfo(&ctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest req;
+  req.set_list_services("*");
+  ASSERT_TRUE(stream->Write(req));
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse resp;
+  ASSERT_TRUE(stream->Read(&resp));
+  std::vector<std::string> names;
+  for (const auto& svc : resp.list_services_response().service()) names.push_back(svc.name());
+  EXPECT_NE(std::find(names.begin(), names.end(), "dsflash.v1.Inference"), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), "grpc.health.v1.Health"), names.end());
+  while (stream->Read(&resp)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST(ServiceLoading, UnavailableUntilLoaded) {
+  ServerProcess server({"--load-rate-mbps", "2"}, /*wait_ready=*/false);
+  EXPECT_TRUE(server.serving(""));  // alive
+  EXPECT_FALSE(server.serving("dsflash.v1.Inference"));  // not ready
+  grpc::ClientContext ctx;
+  dsflash::v1::ModelInfo info;
+  EXPECT_EQ(server.stub().GetModelInfo(&ctx, {}, &info).error_code(), grpc::StatusCode::UNAVAILABLE);
+  const auto r = run_stream(server.stub(), greedy("early", 2));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE) << r.status.error_message();
+  const double progress = metric_value(server.metrics(), "llm_model_load_progress_ratio");
+  EXPECT_GE(progress, 0.0);
+  EXPECT_LT(progress, 1.0);
+  ASSERT_TRUE(server.wait_ready(std::chrono::seconds(30))) << server.log();
+  EXPECT_EQ(metric_value(server.metrics(), "llm_model_load_progress_ratio"), 1.0);
+  EXPECT_TRUE(run_stream(server.stub(), greedy("late", 2)).status.ok());
 }
 
 TEST(ServiceAdmission, QueueFullIsResourceExhausted) {

@@ -75,7 +75,9 @@ inline double metric_value(const std::string& text, const std::string& name) {
 
 class ServerProcess {
  public:
-  explicit ServerProcess(std::vector<std::string> extra = {}) {
+  // Starts the server; waits until it is ready unless wait_ready is false (then only until
+  // its socket exists).
+  explicit ServerProcess(std::vector<std::string> extra = {}, bool wait_ready = true) {
     model_ = dir_.file("tiny.gguf");
     tools::SynthOptions o;
     auto w = tools::write_synthetic_model(o, model_, 1);
@@ -105,11 +107,29 @@ class ServerProcess {
     channel_ = grpc::CreateChannel(sock_, grpc::InsecureChannelCredentials());
     stub_ = dsflash::v1::Inference::NewStub(channel_);
     health_ = grpc::health::v1::Health::NewStub(channel_);
-    ready_ = wait_ready(std::chrono::seconds(30));
+    if (wait_ready) ready_ = this->wait_ready(std::chrono::seconds(30));
   }
   ~ServerProcess() { stop(); }
 
   bool ready() const { return ready_; }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  // Polls readiness (health of dsflash.v1.Inference) for up to `limit`.
+  bool wait_ready(std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      if (serving("dsflash.v1.Inference")) return ready_ = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+  bool serving(const std::string& service) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    grpc::health::v1::HealthCheckResponse resp;
+    return health_->Check(&ctx, req, &resp).ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  }
   dsflash::v1::Inference::Stub& stub() { return *stub_; }
   grpc::health::v1::Health::Stub& health() { return *health_; }
   std::string metrics() const { return http_get(metrics_port_, "/metrics"); }
@@ -137,22 +157,6 @@ class ServerProcess {
   }
 
  private:
-  bool wait_ready(std::chrono::seconds limit) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < until) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
-      grpc::health::v1::HealthCheckRequest req;
-      req.set_service("dsflash.v1.Inference");
-      grpc::health::v1::HealthCheckResponse resp;
-      if (health_->Check(&ctx, req, &resp).ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) {
-        return true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
-  }
-
   TempDir dir_;
   std::string model_, sock_;
   int metrics_port_ = 0;
