@@ -167,8 +167,70 @@ void Engine::run(Job& job) {
   job.stream->on_final(std::move(fin));
 }
 
-// Prefill, then one token per step until a stop condition; checks cancellation, deadline
-// and shutdown before every model call.
+namespace {
+
+// Per-request output state: sampling, stop conditions (EOS, stop ids, stop strings, length)
+// and UTF-8-safe text assembly.
+class Output {
+ public:
+  Output(const GenerateParams& p, const tok::Tokenizer& tok)
+      : p_(p), tok_(tok), sampler_(p.sampling), detok_(tok, p.output.skip_special_tokens),
+        stops_(p.stop.stop, p.stop.include_stop_in_output) {}
+
+  // Samples the next token from `logits` into `ev`; true when the generation ends (with
+  // fin.reason / fin.matched_stop set). room: positions left in the context for the token.
+  StatusOr<bool> step(std::vector<float>& logits, int64_t room, TokensEvent& ev, FinalEvent& fin) {
+    const bool may_stop = generated_.size() >= p_.stop.min_new_tokens;
+    if (!may_stop) {
+      if (!p_.stop.ignore_eos && tok_.eos() >= 0) logits[tok_.eos()] = -INFINITY;
+      for (int32_t t : p_.stop.stop_token_ids) logits[t] = -INFINITY;
+    }
+    std::vector<float> raw;
+    if (p_.output.logprobs) raw = logits;  // before sampling penalties
+    const int32_t token = sampler_.sample(logits, generated_);
+    if (p_.output.logprobs) ev.logprobs.push_back(Sampler::logprobs(raw, token, p_.output.top_logprobs));
+    generated_.push_back(token);
+    ev.ids.push_back(token);
+    bool done = false;
+    const auto& ids = p_.stop.stop_token_ids;
+    if (token == tok_.eos() && !p_.stop.ignore_eos) {
+      fin.reason = FinishReason::kEos;
+      done = true;
+    } else if (std::find(ids.begin(), ids.end(), token) != ids.end()) {
+      fin.reason = FinishReason::kStopToken;
+      done = true;
+    } else {
+      ASSIGN_OR_RETURN(std::string text, detok_.push(token));
+      auto out = stops_.push(text, may_stop);
+      ev.text = std::move(out.text);
+      if (out.match) {
+        fin.reason = FinishReason::kStopSequence;
+        fin.matched_stop = *out.match;
+        return true;
+      }
+    }
+    if (!done && (generated_.size() >= p_.stop.max_new_tokens || room < 1)) {
+      fin.reason = FinishReason::kLength;
+      done = true;
+    }
+    if (done) ev.text += stops_.push(detok_.flush(), false).text + stops_.flush();
+    return done;
+  }
+  size_t n_generated() const { return generated_.size(); }
+
+ private:
+  const GenerateParams& p_;
+  const tok::Tokenizer& tok_;
+  Sampler sampler_;
+  tok::Detokenizer detok_;
+  StopMatcher stops_;
+  std::vector<int32_t> generated_;
+};
+
+}  // namespace
+
+// Chunked prefill, then one token per step until a stop condition; cancellation, deadline and
+// shutdown are checked before every model call.
 Status Engine::generate(Job& job, FinalEvent& fin) {
   const GenerateParams& p = job.p;
   const auto start = Clock::now();
@@ -196,59 +258,26 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
   }
   const auto prefill_done = Clock::now();
   if (metrics_) metrics_->prefill_time->Observe(seconds(prefill_done - start));
-  Sampler sampler(p.sampling);
-  tok::Detokenizer detok(tok_, p.output.skip_special_tokens);
-  StopMatcher stops(p.stop.stop, p.stop.include_stop_in_output);
-  std::vector<int32_t> generated;
-  auto last_token = Clock::now();
+  Output out(p, tok_);
+  auto last_token = prefill_done;
   for (;;) {
-    const bool may_stop = generated.size() >= p.stop.min_new_tokens;
-    if (!may_stop) {
-      if (!p.stop.ignore_eos && tok_.eos() >= 0) logits[tok_.eos()] = -INFINITY;
-      for (int32_t t : p.stop.stop_token_ids) logits[t] = -INFINITY;
-    }
     TokensEvent ev;
-    if (p.output.logprobs) ev.logprobs.push_back(Sampler::logprobs(logits, 0, p.output.top_logprobs));
-    const int32_t token = sampler.sample(logits, generated);
-    if (p.output.logprobs) ev.logprobs.back() = Sampler::logprobs(logits, token, p.output.top_logprobs);
-    generated.push_back(token);
-    ev.ids.push_back(token);
+    ASSIGN_OR_RETURN(const bool done, out.step(logits, model_.config().n_ctx - seq->n_past, ev, fin));
+    const int32_t token = ev.ids.back();
     const auto now = Clock::now();
+    const bool first = out.n_generated() == 1;
+    if (first) fin.ttft_s = seconds(now - job.admitted);
     if (metrics_) {
       metrics_->generation_tokens->Increment();
-      (generated.size() == 1 ? metrics_->ttft : metrics_->inter_token)
-          ->Observe(seconds(generated.size() == 1 ? now - job.admitted : now - last_token));
+      (first ? metrics_->ttft : metrics_->inter_token)->Observe(seconds(first ? now - job.admitted : now - last_token));
     }
-    if (generated.size() == 1) fin.ttft_s = seconds(now - job.admitted);
     last_token = now;
-    bool done = false;
-    if (token == tok_.eos() && !p.stop.ignore_eos) {
-      fin.reason = FinishReason::kEos;
-      done = true;
-    } else if (std::find(p.stop.stop_token_ids.begin(), p.stop.stop_token_ids.end(), token) != p.stop.stop_token_ids.end()) {
-      fin.reason = FinishReason::kStopToken;
-      done = true;
-    } else {
-      ASSIGN_OR_RETURN(std::string text, detok.push(token));
-      auto out = stops.push(text, may_stop);
-      ev.text = std::move(out.text);
-      if (out.match) {
-        fin.reason = FinishReason::kStopSequence;
-        fin.matched_stop = *out.match;
-        done = true;
-      }
-    }
-    if (!done && (generated.size() >= p.stop.max_new_tokens || seq->n_past + 1 > model_.config().n_ctx)) {
-      fin.reason = FinishReason::kLength;
-      done = true;
-    }
-    if (done && fin.reason != FinishReason::kStopSequence) ev.text += stops.push(detok.flush(), false).text + stops.flush();
     job.stream->on_tokens(std::move(ev));
     if (done) break;
     RETURN_IF_ERROR(check());
     RETURN_IF_ERROR(model_.forward(*seq, {token}, false, &logits));
   }
-  fin.completion_tokens = static_cast<uint32_t>(generated.size());
+  fin.completion_tokens = static_cast<uint32_t>(out.n_generated());
   fin.e2e_s = seconds(Clock::now() - job.admitted);
   if (metrics_) metrics_->decode_time->Observe(seconds(Clock::now() - prefill_done));
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 
 #include "common/tokenizer/unicode.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "inference_svc/model/model.h"
 #include "tests/service/server_process.h"
 
 namespace dsflash::testing {
@@ -88,6 +89,28 @@ TEST_F(Service, StreamContractAndUnaryAgree) {
   ASSERT_TRUE(server_->stub().GenerateUnary(&ctx, req, &unary).ok());
   EXPECT_EQ(std::vector<uint32_t>(unary.token_ids().begin(), unary.token_ids().end()), r.ids());
   EXPECT_EQ(unary.text(), r.text());
+}
+
+// Greedy decoding through the service equals running the model in-process and taking argmax.
+TEST_F(Service, GreedyMatchesTheModelInProcess) {
+  GenerateRequest req = greedy("", 12);
+  for (uint32_t id : {5u, 77u, 300u, 41u}) req.mutable_prompt_token_ids()->add_ids(id);
+  const auto r = run_stream(server_->stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  auto file = gguf::Model::open(server_->model_path());
+  ASSERT_TRUE(file.ok());
+  auto m = model::Model::load(**file);
+  ASSERT_TRUE(m.ok());
+  auto seq = (*m)->new_sequence();
+  std::vector<float> logits;
+  ASSERT_TRUE((*m)->forward(*seq, {5, 77, 300, 41}, false, &logits).ok());
+  std::vector<uint32_t> want;
+  for (int i = 0; i < 12; ++i) {
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    want.push_back(static_cast<uint32_t>(next));
+    ASSERT_TRUE((*m)->forward(*seq, {next}, false, &logits).ok());
+  }
+  EXPECT_EQ(r.ids(), want);
 }
 
 TEST_F(Service, SeededSamplingIsDeterministic) {
