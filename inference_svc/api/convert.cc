@@ -14,7 +14,7 @@ grpc::Status to_grpc(const Status& s) {
 StatusOr<engine::GenerateParams> InferenceService::to_params(const grpc::CallbackServerContext* ctx,
                                                              const dsflash::v1::GenerateRequest& req) const {
   const Backend* b = backend();
-  if (b == nullptr) return absl::UnavailableError("the model is still loading");
+  if (b == nullptr) return absl::UnavailableError(kModelLoading);
   const tok::Tokenizer& tok = *b->tok;
   engine::GenerateParams p;
   static std::atomic<uint64_t> next_id{1};

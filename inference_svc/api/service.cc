@@ -244,15 +244,22 @@ grpc::ServerUnaryReactor* InferenceService::GenerateUnary(grpc::CallbackServerCo
   return reactor;
 }
 
+const Backend* InferenceService::ready_or_finish(grpc::ServerUnaryReactor* reactor, const char* rpc) {
+  const Backend* b = backend();
+  if (b == nullptr) {
+    const Status s = absl::UnavailableError(kModelLoading);
+    if (metrics_) metrics_->request_done(rpc, code_name(s));
+    reactor->Finish(to_grpc(s));
+  }
+  return b;
+}
+
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* ctx,
                                                      const dsflash::v1::TokenizeRequest* req,
                                                      dsflash::v1::TokenizeResponse* res) {
   auto* reactor = ctx->DefaultReactor();
-  const Backend* b = backend();
-  if (b == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));
-    return reactor;
-  }
+  const Backend* b = ready_or_finish(reactor, "Tokenize");
+  if (b == nullptr) return reactor;
   const tok::Tokenizer& tok = *b->tok;
   StatusOr<std::vector<int32_t>> ids = absl::InvalidArgumentError("input: text or chat is required");
   if (req->has_chat()) {
@@ -281,11 +288,8 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
                                                          const dsflash::v1::GetModelInfoRequest*,
                                                          dsflash::v1::ModelInfo* res) {
   auto* reactor = ctx->DefaultReactor();
-  const Backend* b = backend();
-  if (b == nullptr) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading"));
-    return reactor;
-  }
+  const Backend* b = ready_or_finish(reactor, "GetModelInfo");
+  if (b == nullptr) return reactor;
   const config::ModelConfig& cfg = *b->cfg;
   const tok::Tokenizer& tok = *b->tok;
   res->set_model_name(info_.model_name);

@@ -50,10 +50,15 @@ class InferenceService final : public dsflash::v1::Inference::CallbackService {
   engine::Metrics* metrics() { return metrics_; }
 
  private:
+  // The backend, or nullptr after finishing `reactor` with UNAVAILABLE (counted for `rpc`).
+  const Backend* ready_or_finish(grpc::ServerUnaryReactor* reactor, const char* rpc);
+
   std::atomic<const Backend*> backend_{nullptr};
   engine::Metrics* metrics_;
   ServiceInfo info_;
 };
+
+inline constexpr const char* kModelLoading = "the model is still loading";
 
 // absl::Status -> grpc::Status with the same code and message.
 grpc::Status to_grpc(const Status& s);
