@@ -67,9 +67,7 @@ std::optional<Lease> SlotTable::try_acquire(uint32_t layer, uint32_t expert, uin
 
 void SlotTable::release(const Lease& lease) { slots_[lease.slot].leases.fetch_sub(1, std::memory_order_acq_rel); }
 
-std::optional<uint32_t> SlotTable::lock_victim(uint32_t layer, uint32_t expert) {
-  (void)layer;
-  (void)expert;
+std::optional<uint32_t> SlotTable::lock_victim() {
   // Empty slots first, then the unleased slot with the oldest use.
   std::optional<uint32_t> best;
   uint64_t best_use = UINT64_MAX;
@@ -88,7 +86,7 @@ std::optional<uint32_t> SlotTable::lock_victim(uint32_t layer, uint32_t expert) 
   SlotEntry& s = slots_[*best];
   uint32_t zero = 0;
   if (!s.leases.compare_exchange_strong(zero, kLocked, std::memory_order_acq_rel)) {
-    return lock_victim(layer, expert);  // a client leased it meanwhile: choose again
+    return lock_victim();  // a client leased it meanwhile: choose again
   }
   const int32_t old = s.expert.load(std::memory_order_acquire);
   if (old >= 0) experts_[old].slot.store(0, std::memory_order_release);
@@ -111,13 +109,6 @@ void SlotTable::abandon(uint32_t slot) {
   SlotEntry& s = slots_[slot];
   s.generation.fetch_add(1, std::memory_order_acq_rel);
   s.leases.store(0, std::memory_order_release);
-}
-
-Lease SlotTable::lease_slot(uint32_t slot, uint64_t tick) {
-  SlotEntry& s = slots_[slot];
-  s.leases.fetch_add(1, std::memory_order_acq_rel);
-  s.last_use.store(tick, std::memory_order_relaxed);
-  return Lease{slot, s.generation.load(std::memory_order_acquire)};
 }
 
 uint32_t SlotTable::resident_slot(uint32_t layer, uint32_t expert) const {

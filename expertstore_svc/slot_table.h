@@ -71,16 +71,13 @@ class SlotTable {
   void release(const Lease& lease);
 
   // ---- store side ----
-  // Picks and locks a slot for (layer, expert): an empty slot first, else the least recently
-  // used unleased slot (its expert is unmapped). nullopt when every slot is leased.
-  std::optional<uint32_t> lock_victim(uint32_t layer, uint32_t expert);
+  // Picks and locks a slot for a refill: an empty slot first, else the least recently used
+  // unleased slot (its expert is unmapped). nullopt when every slot is leased.
+  std::optional<uint32_t> lock_victim();
   // Marks a locked slot as holding (layer, expert), ready, and maps the expert to it.
   void publish(uint32_t slot, uint32_t layer, uint32_t expert, uint64_t tick);
   // Unlocks a locked slot as empty (a failed load).
   void abandon(uint32_t slot);
-  // Store-side lease bookkeeping for leases granted after a miss (the store leases the slot
-  // on the client's behalf before answering).
-  Lease lease_slot(uint32_t slot, uint64_t tick);
 
   uint32_t resident_slot(uint32_t layer, uint32_t expert) const;  // 1 + slot, or 0
   uint32_t leased_slots() const;

@@ -49,7 +49,7 @@ Status Store::load_into(uint32_t layer, uint32_t expert) {
   std::optional<uint32_t> slot;
   {
     std::unique_lock<std::mutex> l(mu_);
-    if (!slot_cv_.wait_for(l, std::chrono::seconds(30), [&] { return stop_ || (slot = table_.lock_victim(layer, expert)); })) {
+    if (!slot_cv_.wait_for(l, std::chrono::seconds(30), [&] { return stop_ || (slot = table_.lock_victim()); })) {
       return absl::ResourceExhaustedError("every expert slot stayed leased for 30 s");
     }
     if (stop_) return absl::UnavailableError("the expert store is stopping");

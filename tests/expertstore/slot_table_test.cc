@@ -52,7 +52,7 @@ struct Table {
 
 // Store side of a miss: lock a victim, "load", publish.
 std::optional<uint32_t> load(SlotTable& t, uint32_t layer, uint32_t expert, uint64_t tick) {
-  const auto slot = t.lock_victim(layer, expert);
+  const auto slot = t.lock_victim();
   if (slot) t.publish(*slot, layer, expert, tick);
   return slot;
 }
@@ -77,7 +77,7 @@ TEST(SlotTable, HitsMissesAndLruAmongUnleased) {
   auto a = t.try_acquire(0, 1, 12), b = t.try_acquire(1, 5, 13), c = t.try_acquire(1, 7, 14);
   ASSERT_TRUE(a && b && c);
   EXPECT_EQ(t.leased_slots(), 3u);
-  EXPECT_FALSE(t.lock_victim(0, 3).has_value());
+  EXPECT_FALSE(t.lock_victim().has_value());
   t.release(*b);
   const auto v = load(t, 0, 3, 15);
   ASSERT_TRUE(v);
@@ -119,7 +119,7 @@ TEST(SlotTable, LeasesHoldUnderConcurrentEviction) {
       if (!lease) {
         std::lock_guard<std::mutex> l(store_mu);
         if (t.resident_slot(0, e) == 0) {
-          if (auto slot = t.lock_victim(0, e)) {
+          if (auto slot = t.lock_victim()) {
             payload[*slot] = static_cast<int32_t>(e);  // "copy the expert into the slot"
             t.publish(*slot, 0, e, tick++);
           }

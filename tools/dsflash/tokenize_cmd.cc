@@ -19,9 +19,10 @@ StatusOr<std::unique_ptr<tok::Tokenizer>> load(const Args& args) {
   return tok::Tokenizer::from_gguf(*model);
 }
 
+// Usage errors (a missing or malformed --flag) exit 2, the rest 1 (args.h exit_code).
 int fail(const Status& s) {
-  std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
-  return absl::IsInvalidArgument(s) && s.message().find("--") == 0 ? 2 : 1;
+  const int code = exit_code(s);
+  return absl::IsInvalidArgument(s) && s.message().find("--") == 0 ? 2 : code;
 }
 
 }  // namespace
