@@ -1,114 +1,157 @@
 // Slot table operations (see slot_table.h for the protocol).
 #include "expertstore_svc/slot_table.h"
 
-#include <cstring>
-#include <vector>
 #include <new>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace dsflash::expertstore {
+namespace {
 
-size_t SlotTable::bytes(uint32_t n_layers, uint32_t n_experts, uint32_t n_slots) {
-  return sizeof(SlotTableHeader) + sizeof(ExpertEntry) * static_cast<size_t>(n_layers) * n_experts +
+constexpr uint32_t kVersion = 2;
+
+}  // namespace
+
+size_t SlotTable::table_bytes(uint32_t n_layers, uint32_t n_experts, uint32_t n_slots) {
+  return sizeof(TableHeader) + sizeof(ExpertEntry) * static_cast<size_t>(n_layers) * n_experts +
          sizeof(SlotEntry) * static_cast<size_t>(n_slots);
 }
 
-SlotTable SlotTable::create(void* mem, uint32_t n_layers, uint32_t n_experts, uint32_t n_slots, uint64_t slot_bytes) {
+size_t SlotTable::lease_bytes(uint32_t n_slots) {
+  return sizeof(LeaseHeader) + sizeof(SessionEntry) * kSessions + sizeof(SlotLeases) * static_cast<size_t>(n_slots);
+}
+
+SlotTable SlotTable::create(void* table, void* leases, uint32_t n_layers, uint32_t n_experts, uint32_t n_slots,
+                            uint64_t slot_bytes) {
   SlotTable t;
-  auto* p = static_cast<uint8_t*>(mem);
-  t.h_ = new (p) SlotTableHeader{kSlotTableMagic, 1, n_layers, n_experts, n_slots, slot_bytes};
-  t.experts_ = reinterpret_cast<ExpertEntry*>(p + sizeof(SlotTableHeader));
-  t.slots_ = reinterpret_cast<SlotEntry*>(p + sizeof(SlotTableHeader) + sizeof(ExpertEntry) * size_t{n_layers} * n_experts);
+  auto* p = static_cast<uint8_t*>(table);
+  t.h_ = new (p) TableHeader{kSlotTableMagic, kVersion, n_layers, n_experts, n_slots, slot_bytes};
+  t.experts_ = reinterpret_cast<ExpertEntry*>(p + sizeof(TableHeader));
+  t.slots_ = reinterpret_cast<SlotEntry*>(p + sizeof(TableHeader) + sizeof(ExpertEntry) * size_t{n_layers} * n_experts);
   for (size_t i = 0; i < size_t{n_layers} * n_experts; ++i) new (&t.experts_[i]) ExpertEntry{};
-  for (uint32_t s = 0; s < n_slots; ++s) {
-    SlotEntry* e = new (&t.slots_[s]) SlotEntry{};
-    e->expert.store(-1);
-  }
+  for (uint32_t s = 0; s < n_slots; ++s) new (&t.slots_[s]) SlotEntry{}, t.slots_[s].expert.store(-1);
+  auto* q = static_cast<uint8_t*>(leases);
+  new (q) LeaseHeader{kLeaseTableMagic, kVersion, n_slots};
+  t.sessions_ = reinterpret_cast<SessionEntry*>(q + sizeof(LeaseHeader));
+  t.leases_ = reinterpret_cast<SlotLeases*>(q + sizeof(LeaseHeader) + sizeof(SessionEntry) * kSessions);
+  for (uint32_t i = 0; i < kSessions; ++i) new (&t.sessions_[i]) SessionEntry{};
+  for (uint32_t s = 0; s < n_slots; ++s) new (&t.leases_[s]) SlotLeases{};
   return t;
 }
 
-StatusOr<SlotTable> SlotTable::attach(void* mem, size_t size) {
-  if (size < sizeof(SlotTableHeader)) return absl::InvalidArgumentError("slot table region too small for its header");
+StatusOr<SlotTable> SlotTable::attach(const void* table, size_t table_size, void* leases, size_t leases_size) {
+  if (table_size < sizeof(TableHeader) || leases_size < sizeof(LeaseHeader)) {
+    return absl::InvalidArgumentError("slot table region too small for its header");
+  }
   SlotTable t;
-  auto* p = static_cast<uint8_t*>(mem);
-  t.h_ = reinterpret_cast<SlotTableHeader*>(p);
-  if (t.h_->magic != kSlotTableMagic || t.h_->version != 1) {
+  auto* p = static_cast<uint8_t*>(const_cast<void*>(table));  // read-only mapping: never written here
+  t.h_ = reinterpret_cast<TableHeader*>(p);
+  const auto* lh = static_cast<const LeaseHeader*>(leases);
+  if (t.h_->magic != kSlotTableMagic || t.h_->version != kVersion || lh->magic != kLeaseTableMagic ||
+      lh->version != kVersion) {
     return absl::InvalidArgumentError("slot table region has a bad magic or version");
   }
-  if (bytes(t.h_->n_layers, t.h_->n_experts, t.h_->n_slots) > size) {
+  if (table_bytes(t.h_->n_layers, t.h_->n_experts, t.h_->n_slots) > table_size || lh->n_slots != t.h_->n_slots ||
+      lease_bytes(lh->n_slots) > leases_size) {
     return absl::InvalidArgumentError(absl::StrCat("slot table geometry (", t.h_->n_layers, " layers x ", t.h_->n_experts,
-                                                   " experts, ", t.h_->n_slots, " slots) exceeds the ", size, "-byte region"));
+                                                   " experts, ", t.h_->n_slots, " slots) does not fit its regions"));
   }
-  t.experts_ = reinterpret_cast<ExpertEntry*>(p + sizeof(SlotTableHeader));
-  t.slots_ = reinterpret_cast<SlotEntry*>(p + sizeof(SlotTableHeader) +
+  t.experts_ = reinterpret_cast<ExpertEntry*>(p + sizeof(TableHeader));
+  t.slots_ = reinterpret_cast<SlotEntry*>(p + sizeof(TableHeader) +
                                           sizeof(ExpertEntry) * size_t{t.h_->n_layers} * t.h_->n_experts);
+  auto* q = static_cast<uint8_t*>(leases);
+  t.sessions_ = reinterpret_cast<SessionEntry*>(q + sizeof(LeaseHeader));
+  t.leases_ = reinterpret_cast<SlotLeases*>(q + sizeof(LeaseHeader) + sizeof(SessionEntry) * kSessions);
   return t;
 }
 
-std::optional<Lease> SlotTable::try_acquire(uint32_t layer, uint32_t expert, uint64_t tick) {
+std::optional<Lease> SlotTable::try_acquire(uint32_t session, uint32_t layer, uint32_t expert, uint64_t tick) {
   const int32_t id = static_cast<int32_t>(layer * h_->n_experts + expert);
   const uint32_t mapped = experts_[id].slot.load(std::memory_order_acquire);
   if (mapped == 0) return std::nullopt;
-  SlotEntry& s = slots_[mapped - 1];
-  uint32_t n = s.leases.load(std::memory_order_acquire);
-  do {
-    if (n & kLocked) return std::nullopt;  // being refilled
-  } while (!s.leases.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel));
-  // Leased: the slot cannot be refilled now. Confirm it still holds this expert, ready.
-  const uint64_t gen = s.generation.load(std::memory_order_acquire);
-  if ((gen & 1) != 0 || s.expert.load(std::memory_order_acquire) != id) {
-    s.leases.fetch_sub(1, std::memory_order_acq_rel);
+  const uint32_t slot = mapped - 1;
+  SlotEntry& s = slots_[slot];
+  std::atomic<uint32_t>& count = leases_[slot].count[session];
+  count.fetch_add(1, std::memory_order_seq_cst);
+  // Counted: the store cannot lock the slot from now on, unless it locked it before (seen here).
+  const uint64_t gen = s.generation.load(std::memory_order_seq_cst);
+  if (s.locked.load(std::memory_order_seq_cst) != 0 || (gen & 1) != 0 ||
+      s.expert.load(std::memory_order_seq_cst) != id) {
+    count.fetch_sub(1, std::memory_order_seq_cst);
     return std::nullopt;
   }
-  s.last_use.store(tick, std::memory_order_relaxed);
-  return Lease{mapped - 1, gen};
+  leases_[slot].last_use.store(tick, std::memory_order_relaxed);
+  return Lease{session, slot, gen};
 }
 
-void SlotTable::release(const Lease& lease) { slots_[lease.slot].leases.fetch_sub(1, std::memory_order_acq_rel); }
+void SlotTable::release(const Lease& lease) {
+  leases_[lease.slot].count[lease.session].fetch_sub(1, std::memory_order_seq_cst);
+}
 
-std::optional<uint32_t> SlotTable::lock_victim() {
-  // Empty slots first, then the unleased slot with the oldest use.
-  std::optional<uint32_t> best;
-  uint64_t best_use = UINT64_MAX;
-  for (uint32_t i = 0; i < h_->n_slots; ++i) {
-    SlotEntry& s = slots_[i];
-    if (s.leases.load(std::memory_order_acquire) != 0) continue;
-    const bool empty = s.expert.load(std::memory_order_acquire) < 0;
-    const uint64_t use = empty ? 0 : s.last_use.load(std::memory_order_relaxed) + 1;
-    if (use < best_use) {
-      best_use = use;
-      best = i;
-      if (empty) break;
+bool SlotTable::leased(uint32_t slot) const {
+  for (uint32_t i = 0; i < kSessions; ++i) {
+    if (leases_[slot].count[i].load(std::memory_order_seq_cst) != 0) return true;
+  }
+  return false;
+}
+
+std::optional<uint32_t> SlotTable::lock_victim(bool* evicted) {
+  for (;;) {
+    // Empty slots first, then the unleased slot with the oldest use.
+    std::optional<uint32_t> best;
+    uint64_t best_use = UINT64_MAX;
+    for (uint32_t i = 0; i < h_->n_slots; ++i) {
+      const SlotEntry& s = slots_[i];
+      if (s.locked.load(std::memory_order_acquire) != 0 || leased(i)) continue;
+      const bool empty = s.expert.load(std::memory_order_acquire) < 0;
+      const uint64_t use = empty ? 0
+                                 : std::max(leases_[i].last_use.load(std::memory_order_relaxed),
+                                            s.loaded_tick.load(std::memory_order_relaxed)) + 1;
+      if (use < best_use) {
+        best_use = use;
+        best = i;
+        if (empty) break;
+      }
     }
+    if (!best) return std::nullopt;
+    SlotEntry& s = slots_[*best];
+    uint32_t zero = 0;
+    if (!s.locked.compare_exchange_strong(zero, 1, std::memory_order_seq_cst)) continue;
+    if (leased(*best)) {  // a client leased it between the scan and the lock: choose again
+      s.locked.store(0, std::memory_order_seq_cst);
+      continue;
+    }
+    const int32_t old = s.expert.load(std::memory_order_acquire);
+    if (old >= 0) experts_[old].slot.store(0, std::memory_order_release);
+    if (evicted) *evicted = old >= 0;
+    s.generation.fetch_add(1, std::memory_order_seq_cst);  // odd: refilling
+    s.expert.store(-1, std::memory_order_seq_cst);
+    return best;
   }
-  if (!best) return std::nullopt;
-  SlotEntry& s = slots_[*best];
-  uint32_t zero = 0;
-  if (!s.leases.compare_exchange_strong(zero, kLocked, std::memory_order_acq_rel)) {
-    return lock_victim();  // a client leased it meanwhile: choose again
-  }
-  const int32_t old = s.expert.load(std::memory_order_acquire);
-  if (old >= 0) experts_[old].slot.store(0, std::memory_order_release);
-  s.generation.fetch_add(1, std::memory_order_acq_rel);  // odd: refilling
-  s.expert.store(-1, std::memory_order_release);
-  return best;
 }
 
 void SlotTable::publish(uint32_t slot, uint32_t layer, uint32_t expert, uint64_t tick) {
   SlotEntry& s = slots_[slot];
   const int32_t id = static_cast<int32_t>(layer * h_->n_experts + expert);
-  s.expert.store(id, std::memory_order_release);
-  s.last_use.store(tick, std::memory_order_relaxed);
-  s.generation.fetch_add(1, std::memory_order_acq_rel);  // even: ready
-  s.leases.store(0, std::memory_order_release);          // unlock
+  s.expert.store(id, std::memory_order_seq_cst);
+  s.loaded_tick.store(tick, std::memory_order_relaxed);
+  s.generation.fetch_add(1, std::memory_order_seq_cst);  // even: ready
+  s.locked.store(0, std::memory_order_seq_cst);
   experts_[id].slot.store(slot + 1, std::memory_order_release);
 }
 
 void SlotTable::abandon(uint32_t slot) {
   SlotEntry& s = slots_[slot];
-  s.generation.fetch_add(1, std::memory_order_acq_rel);
-  s.leases.store(0, std::memory_order_release);
+  s.generation.fetch_add(1, std::memory_order_seq_cst);
+  s.locked.store(0, std::memory_order_seq_cst);
+}
+
+uint64_t SlotTable::clear_session(uint32_t session) {
+  uint64_t dropped = 0;
+  for (uint32_t s = 0; s < h_->n_slots; ++s) dropped += leases_[s].count[session].exchange(0, std::memory_order_seq_cst);
+  sessions_[session].hits.store(0, std::memory_order_relaxed);
+  return dropped;
 }
 
 uint32_t SlotTable::resident_slot(uint32_t layer, uint32_t expert) const {
@@ -117,10 +160,13 @@ uint32_t SlotTable::resident_slot(uint32_t layer, uint32_t expert) const {
 
 uint32_t SlotTable::leased_slots() const {
   uint32_t n = 0;
-  for (uint32_t i = 0; i < h_->n_slots; ++i) {
-    const uint32_t l = slots_[i].leases.load(std::memory_order_acquire);
-    n += (l != 0 && !(l & kLocked)) ? 1 : 0;
-  }
+  for (uint32_t i = 0; i < h_->n_slots; ++i) n += leased(i) ? 1 : 0;
+  return n;
+}
+
+uint64_t SlotTable::session_leases(uint32_t session) const {
+  uint64_t n = 0;
+  for (uint32_t s = 0; s < h_->n_slots; ++s) n += leases_[s].count[session].load(std::memory_order_relaxed);
   return n;
 }
 
@@ -138,11 +184,17 @@ Status SlotTable::verify_integrity() const {
     }
   }
   for (uint32_t s = 0; s < h_->n_slots; ++s) {
-    const uint32_t l = slots_[s].leases.load();
     const uint64_t g = slots_[s].generation.load();
-    if (!(l & kLocked) && (g & 1)) return absl::InternalError(absl::StrCat("slot ", s, " is unlocked at odd generation ", g));
+    if (slots_[s].locked.load() == 0 && (g & 1)) {
+      return absl::InternalError(absl::StrCat("slot ", s, " is unlocked at odd generation ", g));
+    }
     const int32_t e = slots_[s].expert.load();
     if (e >= 0 && seen[s] != e) return absl::InternalError(absl::StrCat("slot ", s, " holds expert ", e, " but is not mapped"));
+    for (uint32_t i = 0; i < kSessions; ++i) {
+      if (leases_[s].count[i].load() > (1u << 30)) {
+        return absl::InternalError(absl::StrCat("slot ", s, " has an underflowed lease count for session ", i));
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -1,19 +1,23 @@
-// The expert slot table: the shared-memory structure through which the expert store and
-// its clients agree on which expert occupies which arena slot, without an RPC on a hit.
+// The expert slot table: the shared-memory structures through which the expert store and
+// its clients agree on which expert occupies which arena slot, with no RPC on a hit.
 //
-// Layout (one region, little-endian, 64-byte aligned entries):
-//   Header | ExpertEntry[n_layers * n_experts] | SlotEntry[n_slots]
+// Two regions (little-endian, 64-byte aligned entries):
+//   table  (store writes, clients map read-only): TableHeader | ExpertEntry[n_layers*n_experts]
+//          | SlotEntry[n_slots]
+//   leases (store and clients write): LeaseHeader | SessionEntry[kMaxSessions]
+//          | SlotLeases[n_slots] (one 64-byte line per slot: a use tick and one lease count
+//          per session)
 // ExpertEntry.slot: 1 + slot index of a ready copy of the expert, 0 when not resident.
-// SlotEntry.generation: even = stable (ready or empty), odd = being refilled; bumped by the
-// store around every refill. SlotEntry.leases: lease count, or kLocked while the store owns
-// the slot for a refill. A client takes a lease by CAS-incrementing an unlocked count and then
-// re-checking that the slot still holds its expert at the same generation; the store evicts
-// only by CAS-ing a zero count to kLocked, so a leased slot is never evicted or overwritten.
-// SlotEntry.last_use: a tick clients write on every hit; eviction takes the unleased slot with
-// the oldest tick (LRU among unleased slots).
+// SlotEntry.generation: even = stable, odd = being refilled; bumped by the store around a
+// refill. SlotEntry.locked: 1 while the store owns the slot for a refill.
 //
-// Thread- and process-safe through atomics on the shared region; the store is the only
-// writer of the mapping and of generations.
+// Leases are counts per (slot, session), so the store can drop every lease of a session
+// whose client died. A client takes a lease by incrementing its count and then re-reading
+// the slot (not locked, same expert, even generation); the store evicts by setting `locked`
+// and then reading every count of the slot, backing off if any is non-zero. Both sides write
+// then read with sequentially consistent atomics, so at least one of them sees the other: a
+// leased slot is never evicted or overwritten. Eviction takes the unleased slot with the
+// oldest use tick (LRU among unleased slots; clients write the tick on every hit).
 #pragma once
 
 #include <atomic>
@@ -25,10 +29,11 @@
 
 namespace dsflash::expertstore {
 
-inline constexpr uint64_t kSlotTableMagic = 0x31454c42544c5344ull;  // "DSLTBLE1"
-inline constexpr uint32_t kLocked = 0x80000000u;
+inline constexpr uint64_t kSlotTableMagic = 0x32454c42544c5344ull;  // "DSLTBLE2"
+inline constexpr uint64_t kLeaseTableMagic = 0x3253455341454c44ull;  // "DLEASES2"
+inline constexpr uint32_t kSessions = 14;  // sessions per store: 8 + 14 * 4 bytes = one line per slot
 
-struct alignas(64) SlotTableHeader {
+struct alignas(64) TableHeader {
   uint64_t magic;
   uint32_t version;
   uint32_t n_layers;
@@ -43,52 +48,86 @@ struct alignas(64) ExpertEntry {
 
 struct alignas(64) SlotEntry {
   std::atomic<uint64_t> generation;
-  std::atomic<uint32_t> leases;
+  std::atomic<uint32_t> locked;
   std::atomic<int32_t> expert;  // layer * n_experts + expert, -1 = empty
-  std::atomic<uint64_t> last_use;
+  std::atomic<uint64_t> loaded_tick;
 };
 
-// A lease on one slot: valid while held; names the generation it was taken at.
+struct alignas(64) LeaseHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t n_slots;
+};
+
+// Written by the client that owns the session (hits are counted without an RPC).
+struct alignas(64) SessionEntry {
+  std::atomic<uint64_t> hits;
+};
+
+struct alignas(64) SlotLeases {
+  std::atomic<uint64_t> last_use;
+  std::atomic<uint32_t> count[kSessions];
+};
+static_assert(sizeof(SlotLeases) == 64);
+
+// A lease on one slot, held by one session; names the generation it was taken at.
 struct Lease {
+  uint32_t session = 0;
   uint32_t slot = 0;
   uint64_t generation = 0;
 };
 
 class SlotTable {
  public:
-  // Bytes of a table for this geometry.
-  static size_t bytes(uint32_t n_layers, uint32_t n_experts, uint32_t n_slots);
-  // Formats `mem` (bytes(...) long, zeroed or not) as an empty table (the store).
-  static SlotTable create(void* mem, uint32_t n_layers, uint32_t n_experts, uint32_t n_slots, uint64_t slot_bytes);
-  // Attaches to a formatted region of `size` bytes (a client); checks magic and geometry.
-  static StatusOr<SlotTable> attach(void* mem, size_t size);
+  static size_t table_bytes(uint32_t n_layers, uint32_t n_experts, uint32_t n_slots);
+  static size_t lease_bytes(uint32_t n_slots);
+  // Formats both regions (zeroed or not) as an empty table (the store).
+  static SlotTable create(void* table, void* leases, uint32_t n_layers, uint32_t n_experts, uint32_t n_slots,
+                          uint64_t slot_bytes);
+  // Attaches to formatted regions (a client); checks magic, version and geometry.
+  static StatusOr<SlotTable> attach(const void* table, size_t table_size, void* leases, size_t leases_size);
 
-  const SlotTableHeader& header() const { return *h_; }
+  const TableHeader& header() const { return *h_; }
 
   // ---- client side (hit path: no RPC) ----
-  // A lease on the resident copy of (layer, expert), or nullopt if not resident now.
-  std::optional<Lease> try_acquire(uint32_t layer, uint32_t expert, uint64_t tick);
+  // A lease for `session` on the resident copy of (layer, expert), or nullopt if it is not
+  // resident now (or being refilled).
+  std::optional<Lease> try_acquire(uint32_t session, uint32_t layer, uint32_t expert, uint64_t tick);
   void release(const Lease& lease);
+  void count_hit(uint32_t session) { sessions_[session].hits.fetch_add(1, std::memory_order_relaxed); }
 
   // ---- store side ----
   // Picks and locks a slot for a refill: an empty slot first, else the least recently used
-  // unleased slot (its expert is unmapped). nullopt when every slot is leased.
-  std::optional<uint32_t> lock_victim();
+  // unleased slot (its expert is unmapped; *evicted says whether it held one). nullopt when
+  // every slot is leased or locked.
+  std::optional<uint32_t> lock_victim(bool* evicted = nullptr);
   // Marks a locked slot as holding (layer, expert), ready, and maps the expert to it.
   void publish(uint32_t slot, uint32_t layer, uint32_t expert, uint64_t tick);
   // Unlocks a locked slot as empty (a failed load).
   void abandon(uint32_t slot);
+  // Drops every lease of `session` (its client is gone) and zeroes its entry; returns the
+  // number of leases dropped.
+  uint64_t clear_session(uint32_t session);
 
   uint32_t resident_slot(uint32_t layer, uint32_t expert) const;  // 1 + slot, or 0
   uint32_t leased_slots() const;
+  uint64_t session_leases(uint32_t session) const;
+  uint32_t lease_count(uint32_t session, uint32_t slot) const {
+    return leases_[slot].count[session].load(std::memory_order_relaxed);
+  }
+  uint64_t session_hits(uint32_t session) const { return sessions_[session].hits.load(std::memory_order_relaxed); }
   // Checks every invariant (mapping and slots agree, generations even when unlocked, no
   // expert mapped twice); an error names the first violation. For tests and debugging.
   Status verify_integrity() const;
 
  private:
-  SlotTableHeader* h_ = nullptr;
+  bool leased(uint32_t slot) const;
+
+  TableHeader* h_ = nullptr;
   ExpertEntry* experts_ = nullptr;
   SlotEntry* slots_ = nullptr;
+  SessionEntry* sessions_ = nullptr;
+  SlotLeases* leases_ = nullptr;
 };
 
 }  // namespace dsflash::expertstore

@@ -1,12 +1,18 @@
 // Expert store core (see store.h).
 #include "expertstore_svc/store.h"
 
-#include <fcntl.h>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 
 namespace dsflash::expertstore {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+}  // namespace
 
 StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, StoreOptions o) {
   std::unique_ptr<Store> s(new Store());
@@ -21,14 +27,27 @@ StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, Stor
                                                    " needs ", s->cfg_.n_expert_used * slot));
   }
   const uint32_t slots = static_cast<uint32_t>(std::min<uint64_t>(n_slots, uint64_t{s->cfg_.n_layer} * s->cfg_.n_expert));
-  ASSIGN_OR_RETURN(s->arena_, ipc::SharedRegion::create("dsflash-expert-arena", slot * slots));
-  ASSIGN_OR_RETURN(s->table_mem_, ipc::SharedRegion::create(
-                                      "dsflash-slot-table", SlotTable::bytes(s->cfg_.n_layer, s->cfg_.n_expert, slots)));
-  s->table_ = SlotTable::create(s->table_mem_.data(), s->cfg_.n_layer, s->cfg_.n_expert, slots, slot);
+  ASSIGN_OR_RETURN(s->arena_, HostArena::create(slot * slots));
+  ASSIGN_OR_RETURN(s->table_mem_, ipc::SharedRegion::create("dsflash-slot-table",
+                                                            SlotTable::table_bytes(s->cfg_.n_layer, s->cfg_.n_expert, slots)));
+  ASSIGN_OR_RETURN(s->lease_mem_, ipc::SharedRegion::create("dsflash-leases", SlotTable::lease_bytes(slots)));
+  s->table_ = SlotTable::create(s->table_mem_.data(), s->lease_mem_.data(), s->cfg_.n_layer, s->cfg_.n_expert, slots, slot);
+  uint64_t max_slice = 0;
+  for (uint32_t l = 0; l < s->cfg_.n_layer; ++l) {
+    ASSIGN_OR_RETURN(const ExpertSlices sl, s->slices_.at(l, 0));
+    max_slice = std::max({max_slice, sl.gate.bytes, sl.up.bytes, sl.down.bytes});
+  }
+  const int readers = std::max(1, o.reader_threads);
+  const size_t n_buf = o.staging_buffers > 0 ? static_cast<size_t>(o.staging_buffers) : 2 * static_cast<size_t>(readers);
+  ASSIGN_OR_RETURN(s->ring_, StagingRing::create(n_buf, SliceReader::staging_bytes(max_slice), o.pin_staging));
+  ASSIGN_OR_RETURN(s->reader_, SliceReader::open(*s->model_, o.direct_io));
+  for (uint32_t i = 1; i < kSessions; ++i) s->free_sessions_.push_back(i);
   s->stats_.slots = slots;
-  for (int i = 0; i < std::max(1, o.reader_threads); ++i) s->readers_.emplace_back([p = s.get()] { p->reader_loop(); });
-  log::info("expert store: %u slots of %.2f MiB (%.1f MiB arena) for %u layers x %u experts", slots, slot / 1048576.0,
-            slot * slots / 1048576.0, s->cfg_.n_layer, s->cfg_.n_expert);
+  for (int i = 0; i < readers; ++i) s->readers_.emplace_back([p = s.get()] { p->reader_loop(); });
+  log::info("expert store: %u slots of %.2f MiB (%.1f MiB %s arena) for %u layers x %u experts; staging %zu x %.2f MiB%s; %s reads",
+            slots, slot / 1048576.0, slot * slots / 1048576.0, s->arena_->mechanism().c_str(), s->cfg_.n_layer,
+            s->cfg_.n_expert, n_buf, s->ring_->buffer_bytes() / 1048576.0, o.pin_staging ? " page-locked" : "",
+            s->reader_->direct() ? "O_DIRECT" : "buffered");
   return s;
 }
 
@@ -36,38 +55,73 @@ Store::~Store() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
+    for (auto& [key, job] : inflight_) job->cv.notify_all();
   }
   work_cv_.notify_all();
-  slot_cv_.notify_all();
   for (auto& t : readers_) t.join();
 }
 
-// Reads the three slices of (layer, expert) into a victim slot and publishes it. Waits for a
-// release when every slot is leased.
-Status Store::load_into(uint32_t layer, uint32_t expert) {
-  ASSIGN_OR_RETURN(const ExpertSlices sl, slices_.at(layer, expert));
-  std::optional<uint32_t> slot;
-  {
-    std::unique_lock<std::mutex> l(mu_);
-    if (!slot_cv_.wait_for(l, std::chrono::seconds(30), [&] { return stop_ || (slot = table_.lock_victim()); })) {
-      return absl::ResourceExhaustedError("every expert slot stayed leased for 30 s");
-    }
-    if (stop_) return absl::UnavailableError("the expert store is stopping");
-  }
-  uint8_t* dst = arena_.data() + uint64_t{*slot} * slices_.slot_bytes();
-  for (const Slice* s : {&sl.gate, &sl.up, &sl.down}) {
-    const Status st = model_->shard(s->shard).pread(s->file_offset, dst + s->slot_offset, s->bytes);
-    if (!st.ok()) {
-      table_.abandon(*slot);
-      return st;
-    }
-    (void)::posix_fadvise(model_->shard(s->shard).fd(), static_cast<off_t>(s->file_offset), static_cast<off_t>(s->bytes),
-                          POSIX_FADV_DONTNEED);
-  }
-  table_.publish(*slot, layer, expert, tick());
+StatusOr<uint32_t> Store::open_session() {
   std::lock_guard<std::mutex> l(mu_);
-  stats_.loads += 1;
-  stats_.bytes_read += sl.gate.bytes + sl.up.bytes + sl.down.bytes;
+  if (free_sessions_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("the expert store serves at most ", kSessions - 1, " client sessions"));
+  }
+  const uint32_t s = free_sessions_.front();
+  free_sessions_.pop_front();
+  ++stats_.sessions;
+  return s;
+}
+
+uint64_t Store::close_session(uint32_t session) {
+  if (session == kLocalSession || session >= kSessions) return 0;
+  std::lock_guard<std::mutex> l(mu_);
+  retired_hits_ += table_.session_hits(session);
+  const uint64_t dropped = table_.clear_session(session);
+  free_sessions_.push_back(session);
+  --stats_.sessions;
+  return dropped;
+}
+
+// A slot to refill: waits (polling, as clients release leases in shared memory without
+// telling the store) while every slot is leased.
+StatusOr<uint32_t> Store::wait_for_victim(bool* evicted) {
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stop_) return absl::UnavailableError("the expert store is stopping");
+      if (auto slot = table_.lock_victim(evicted)) return *slot;
+    }
+    if (Clock::now() > deadline) return absl::ResourceExhaustedError("every expert slot stayed leased for 30 s");
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+}
+
+// Reads the three slices of the job's expert through the staging ring into a victim slot
+// and publishes it.
+Status Store::load_into(Load& job, LoadEvent& ev) {
+  ASSIGN_OR_RETURN(const ExpertSlices sl, slices_.at(job.layer, job.expert));
+  ASSIGN_OR_RETURN(const uint32_t slot, wait_for_victim(&ev.evicted));
+  const uint64_t base = uint64_t{slot} * slices_.slot_bytes();
+  uint8_t* buf = ring_->take();
+  Status st;
+  for (const Slice* s : {&sl.gate, &sl.up, &sl.down}) {
+    const auto t0 = Clock::now();
+    const uint8_t* data = nullptr;
+    st = reader_->read(s->shard, s->file_offset, s->bytes, buf, ring_->buffer_bytes(), &data);
+    const auto t1 = Clock::now();
+    if (st.ok()) st = arena_->copy_in(base + s->slot_offset, data, s->bytes);
+    ev.read_s += seconds(t0, t1);
+    ev.copy_s += seconds(t1, Clock::now());
+    if (!st.ok()) break;
+    ev.bytes += s->bytes;
+  }
+  ring_->give(buf);
+  if (!st.ok()) {
+    table_.abandon(slot);
+    return absl::Status(st.code(), absl::StrCat("loading expert ", job.expert, " of layer ", job.layer, ": ", st.message()));
+  }
+  table_.publish(slot, job.layer, job.expert, tick());
   return absl::OkStatus();
 }
 
@@ -82,24 +136,41 @@ void Store::reader_loop() {
       job = q.front();
       q.pop_front();
     }
-    const Status s = table_.resident_slot(job->layer, job->expert) ? absl::OkStatus() : load_into(job->layer, job->expert);
-    std::lock_guard<std::mutex> l(mu_);
-    job->status = s;
-    job->done = true;
-    inflight_.erase(uint64_t{job->layer} * cfg_.n_expert + job->expert);
-    job->cv.notify_all();
+    LoadEvent ev;
+    ev.demand = job->demand;
+    ev.queue_s = seconds(job->queued, Clock::now());
+    const bool resident = table_.resident_slot(job->layer, job->expert) != 0;
+    const Status s = resident ? absl::OkStatus() : load_into(*job, ev);
+    ev.ok = s.ok();
+    ev.total_s = seconds(job->queued, Clock::now());
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      job->status = s;
+      job->done = true;
+      inflight_.erase(uint64_t{job->layer} * cfg_.n_expert + job->expert);
+      if (!resident) {
+        ++(s.ok() ? stats_.loads : stats_.load_failures);
+        stats_.bytes_read += ev.bytes;
+        stats_.evictions += ev.evicted ? 1 : 0;
+      }
+      job->cv.notify_all();
+    }
+    if (!resident && on_load_) on_load_(ev);
+    if (!s.ok()) log::warn("expert store: %s", std::string(s.message()).c_str());
   }
 }
 
-StatusOr<Lease> Store::acquire(uint32_t layer, uint32_t expert) {
+StatusOr<Lease> Store::acquire(uint32_t session, uint32_t layer, uint32_t expert) {
+  if (session >= kSessions) return absl::InvalidArgumentError(absl::StrCat("no session ", session));
   RETURN_IF_ERROR(slices_.at(layer, expert).status());
   for (int attempt = 0; attempt < 8; ++attempt) {
-    if (auto lease = table_.try_acquire(layer, expert, tick())) {
+    if (auto lease = table_.try_acquire(session, layer, expert, tick())) {
       std::lock_guard<std::mutex> l(mu_);
       ++(attempt == 0 ? stats_.hits : stats_.misses);
       return *lease;
     }
     std::unique_lock<std::mutex> l(mu_);
+    if (stop_) return absl::UnavailableError("the expert store is stopping");
     const uint64_t key = uint64_t{layer} * cfg_.n_expert + expert;
     auto it = inflight_.find(key);
     std::shared_ptr<Load> job;
@@ -107,18 +178,18 @@ StatusOr<Lease> Store::acquire(uint32_t layer, uint32_t expert) {
       job = std::make_shared<Load>();
       job->layer = layer;
       job->expert = expert;
+      job->queued = Clock::now();
       inflight_[key] = job;
       demand_.push_back(job);
       work_cv_.notify_one();
     } else {
       job = it->second;
       // A queued prefetch of the same expert is promoted to demand.
-      for (auto p = prefetch_.begin(); p != prefetch_.end(); ++p) {
-        if (*p == job) {
-          prefetch_.erase(p);
-          demand_.push_front(job);
-          break;
-        }
+      auto p = std::find(prefetch_.begin(), prefetch_.end(), job);
+      if (p != prefetch_.end()) {
+        prefetch_.erase(p);
+        job->demand = true;
+        demand_.push_front(job);
       }
     }
     job->cv.wait(l, [&] { return job->done || stop_; });
@@ -132,29 +203,40 @@ void Store::prefetch(uint32_t layer, uint32_t expert) {
   if (!slices_.at(layer, expert).ok() || table_.resident_slot(layer, expert)) return;
   std::lock_guard<std::mutex> l(mu_);
   const uint64_t key = uint64_t{layer} * cfg_.n_expert + expert;
-  if (inflight_.count(key)) return;
+  if (stop_ || inflight_.count(key)) return;
   auto job = std::make_shared<Load>();
   job->layer = layer;
   job->expert = expert;
+  job->demand = false;
+  job->queued = Clock::now();
   inflight_[key] = job;
   prefetch_.push_back(job);
   ++stats_.prefetches;
   work_cv_.notify_one();
 }
 
-void Store::release(const Lease& lease) {
+Status Store::release(const Lease& lease) {
+  if (lease.session >= kSessions || lease.slot >= stats_.slots) {
+    return absl::InvalidArgumentError(absl::StrCat("no lease on slot ", lease.slot, " for session ", lease.session));
+  }
+  if (table_.lease_count(lease.session, lease.slot) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("session ", lease.session, " holds no lease on slot ", lease.slot));
+  }
   table_.release(lease);
-  slot_cv_.notify_all();
+  return absl::OkStatus();
 }
 
 StoreStats Store::stats() const {
   std::lock_guard<std::mutex> l(mu_);
   StoreStats s = stats_;
-  s.evictions = s.loads > s.slots ? s.loads - s.slots : 0;
+  s.hits += retired_hits_;
+  for (uint32_t i = 0; i < kSessions; ++i) s.hits += table_.session_hits(i);
   s.leased = table_.leased_slots();
   for (uint32_t la = 0; la < cfg_.n_layer; ++la) {
     for (uint32_t e = 0; e < cfg_.n_expert; ++e) s.resident += table_.resident_slot(la, e) ? 1 : 0;
   }
+  s.ring_in_use = ring_->in_use();
+  s.ring_size = ring_->size();
   return s;
 }
 

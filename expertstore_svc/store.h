@@ -1,14 +1,13 @@
-// The expert store core: the shard set, the slice map, a memfd arena of fixed-size slots
-// sized from a memory budget, the shared slot table, and reader threads that load missed
-// experts (demand before prefetch) into slots. Process-agnostic: the gRPC service and the
-// in-process expert source both sit on top of it. Thread-safe.
-//
-// Not here yet (see the issue note): the CUDA VMM / IPC device arena, the pinned staging
-// ring with O_DIRECT reads, and the gRPC service with per-session leases.
+// The expert store core: the shard set, the slice map, an arena of fixed-size slots sized
+// from a memory budget, the shared slot and lease tables, client sessions, a staging ring
+// and reader threads that load missed experts (demand before prefetch) into slots.
+// Process-agnostic: the gRPC service (server.h) and the in-process expert source both sit
+// on top of it. Thread-safe.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,67 +17,101 @@
 #include "common/config/config.h"
 #include "common/gguf/gguf.h"
 #include "common/ipc/shm.h"
+#include "expertstore_svc/arena.h"
 #include "expertstore_svc/slice_map.h"
 #include "expertstore_svc/slot_table.h"
+#include "expertstore_svc/staging.h"
 
 namespace dsflash::expertstore {
 
 struct StoreOptions {
   uint64_t budget_bytes = 1ull << 30;  // arena bytes
   int reader_threads = 2;
+  int staging_buffers = 0;  // 0: two per reader thread
+  bool pin_staging = true;  // page-lock the staging ring (failure is an error)
+  bool direct_io = true;    // O_DIRECT reads where the file system supports them
+};
+
+// One finished load, for metrics.
+struct LoadEvent {
+  bool ok = true, demand = true, evicted = false;
+  uint64_t bytes = 0;
+  double queue_s = 0, read_s = 0, copy_s = 0, total_s = 0;  // total: enqueue to ready
 };
 
 struct StoreStats {
-  uint64_t hits = 0, misses = 0, evictions = 0, loads = 0, bytes_read = 0, prefetches = 0;
-  uint32_t slots = 0, resident = 0, leased = 0;
+  uint64_t hits = 0, misses = 0, evictions = 0, loads = 0, load_failures = 0, bytes_read = 0, prefetches = 0;
+  uint32_t slots = 0, resident = 0, leased = 0, sessions = 0;
+  uint64_t ring_in_use = 0, ring_size = 0;
 };
 
 class Store {
  public:
-  // Opens the model (any shard of a set), builds the slice map and the arena. Errors: missing
-  // or corrupt shards, absent or misshapen expert tensors, a budget below one layer's top-k.
+  static constexpr uint32_t kLocalSession = 0;  // the in-process user (tests, benchmarks)
+
+  // Opens the model (any shard of a set), builds the slice map, the arena and the staging
+  // ring. Errors: missing or corrupt shards, absent or misshapen expert tensors, a budget
+  // below one layer's top-k, a staging ring that cannot be page-locked.
   static StatusOr<std::unique_ptr<Store>> open(const std::string& model_path, StoreOptions options);
   ~Store();
 
   const config::ModelConfig& config() const { return cfg_; }
+  const gguf::Model& model() const { return *model_; }
   const SliceMap& slices() const { return slices_; }
   SlotTable& table() { return table_; }
-  const ipc::SharedRegion& arena() const { return arena_; }
+  Arena& arena() const { return *arena_; }
   const ipc::SharedRegion& table_region() const { return table_mem_; }
+  const ipc::SharedRegion& lease_region() const { return lease_mem_; }
+  bool direct_io() const { return reader_->direct(); }
+  void set_load_observer(std::function<void(const LoadEvent&)> f) { on_load_ = std::move(f); }
 
-  // A lease on (layer, expert), loading it on a miss (blocks until ready or failed).
-  StatusOr<Lease> acquire(uint32_t layer, uint32_t expert);
+  // Client sessions: an index into the lease table. ResourceExhausted when all are taken.
+  StatusOr<uint32_t> open_session();
+  // Drops every lease the session holds (its client is gone); returns how many.
+  uint64_t close_session(uint32_t session);
+
+  // A lease for `session` on (layer, expert), loading it on a miss (blocks until ready or
+  // failed). OutOfRange for an expert that does not exist.
+  StatusOr<Lease> acquire(uint32_t session, uint32_t layer, uint32_t expert);
   // Queues a low-priority load (dropped if resident or already queued).
   void prefetch(uint32_t layer, uint32_t expert);
-  void release(const Lease& lease);
+  Status release(const Lease& lease);
   StoreStats stats() const;
   uint64_t tick() { return ++tick_; }
 
  private:
   struct Load {
     uint32_t layer, expert;
-    bool done = false;
+    bool demand = true, done = false;
     Status status;
+    std::chrono::steady_clock::time_point queued;
     std::condition_variable cv;
   };
   Store() = default;
   void reader_loop();
-  Status load_into(uint32_t layer, uint32_t expert);
+  Status load_into(Load& job, LoadEvent& ev);
+  StatusOr<uint32_t> wait_for_victim(bool* evicted);
 
   std::unique_ptr<gguf::Model> model_;
   config::ModelConfig cfg_;
   SliceMap slices_;
-  ipc::SharedRegion arena_, table_mem_;
+  std::unique_ptr<Arena> arena_;
+  ipc::SharedRegion table_mem_, lease_mem_;
   SlotTable table_;
+  std::unique_ptr<StagingRing> ring_;
+  std::unique_ptr<SliceReader> reader_;
+  std::function<void(const LoadEvent&)> on_load_;
   std::atomic<uint64_t> tick_{0};
 
   mutable std::mutex mu_;
-  std::condition_variable work_cv_, slot_cv_;
+  std::condition_variable work_cv_;
   std::deque<std::shared_ptr<Load>> demand_, prefetch_;
   std::map<uint64_t, std::shared_ptr<Load>> inflight_;  // layer * n_experts + expert
+  std::deque<uint32_t> free_sessions_;                   // least recently freed first
   std::vector<std::thread> readers_;
   bool stop_ = false;
   StoreStats stats_;
+  uint64_t retired_hits_ = 0;  // hits counted by sessions that have closed
 };
 
 }  // namespace dsflash::expertstore

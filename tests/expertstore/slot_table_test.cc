@@ -42,11 +42,16 @@ TEST(SliceMap, GoldenModelSlicesMatchTheMergedTensors) {
   EXPECT_EQ(map->at(0, 4).status().code(), absl::StatusCode::kOutOfRange);
 }
 
+void* aligned(std::vector<uint8_t>& m) {
+  return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(m.data()) + 63) & ~uintptr_t{63});
+}
+
 struct Table {
   explicit Table(uint32_t layers, uint32_t experts, uint32_t slots)
-      : mem(SlotTable::bytes(layers, experts, slots) + 64), table(SlotTable::create(aligned(), layers, experts, slots, 4096)) {}
-  void* aligned() { return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(mem.data()) + 63) & ~uintptr_t{63}); }
-  std::vector<uint8_t> mem;
+      : mem(SlotTable::table_bytes(layers, experts, slots) + 64),
+        lease_mem(SlotTable::lease_bytes(slots) + 64),
+        table(SlotTable::create(aligned(mem), aligned(lease_mem), layers, experts, slots, 4096)) {}
+  std::vector<uint8_t> mem, lease_mem;
   SlotTable table;
 };
 
@@ -60,11 +65,11 @@ std::optional<uint32_t> load(SlotTable& t, uint32_t layer, uint32_t expert, uint
 TEST(SlotTable, HitsMissesAndLruAmongUnleased) {
   Table tb(2, 8, 3);
   SlotTable& t = tb.table;
-  EXPECT_FALSE(t.try_acquire(0, 1, 1).has_value());  // miss
+  EXPECT_FALSE(t.try_acquire(0, 0, 1, 1).has_value());  // miss
   ASSERT_TRUE(load(t, 0, 1, 1));
   ASSERT_TRUE(load(t, 0, 2, 2));
   ASSERT_TRUE(load(t, 1, 5, 3));
-  auto lease = t.try_acquire(0, 1, 10);  // hit; expert (0,1) is now the most recent
+  auto lease = t.try_acquire(0, 0, 1, 10);  // hit; expert (0,1) is now the most recent
   ASSERT_TRUE(lease.has_value());
   t.release(*lease);
   // Full: the least recently used is (0,2) (tick 2).
@@ -74,7 +79,7 @@ TEST(SlotTable, HitsMissesAndLruAmongUnleased) {
   EXPECT_NE(t.resident_slot(1, 7), 0u);
   EXPECT_TRUE(t.verify_integrity().ok());
   // Leased slots are never chosen; with everything leased there is no victim.
-  auto a = t.try_acquire(0, 1, 12), b = t.try_acquire(1, 5, 13), c = t.try_acquire(1, 7, 14);
+  auto a = t.try_acquire(0, 0, 1, 12), b = t.try_acquire(0, 1, 5, 13), c = t.try_acquire(0, 1, 7, 14);
   ASSERT_TRUE(a && b && c);
   EXPECT_EQ(t.leased_slots(), 3u);
   EXPECT_FALSE(t.lock_victim().has_value());
@@ -91,12 +96,41 @@ TEST(SlotTable, HitsMissesAndLruAmongUnleased) {
 
 TEST(SlotTable, AttachChecksTheRegion) {
   Table tb(2, 8, 3);
-  auto ok = SlotTable::attach(tb.aligned(), SlotTable::bytes(2, 8, 3));
+  const size_t tbytes = SlotTable::table_bytes(2, 8, 3), lbytes = SlotTable::lease_bytes(3);
+  auto ok = SlotTable::attach(aligned(tb.mem), tbytes, aligned(tb.lease_mem), lbytes);
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->header().n_slots, 3u);
-  EXPECT_FALSE(SlotTable::attach(tb.aligned(), 100).ok());
+  EXPECT_FALSE(SlotTable::attach(aligned(tb.mem), 100, aligned(tb.lease_mem), lbytes).ok());
+  EXPECT_FALSE(SlotTable::attach(aligned(tb.mem), tbytes, aligned(tb.lease_mem), 100).ok());
   std::vector<uint8_t> junk(4096, 0x5a);
-  EXPECT_FALSE(SlotTable::attach(junk.data(), junk.size()).ok());
+  EXPECT_FALSE(SlotTable::attach(junk.data(), junk.size(), aligned(tb.lease_mem), lbytes).ok());
+}
+
+// Leases are per session: a second client's lease keeps a slot after the first session is
+// cleared; clearing drops exactly the session's counts; hits are counted per session.
+TEST(SlotTable, SessionsOwnTheirLeases) {
+  Table tb(1, 4, 2);
+  SlotTable& t = tb.table;
+  ASSERT_TRUE(load(t, 0, 0, 1));
+  ASSERT_TRUE(load(t, 0, 1, 2));
+  auto a1 = t.try_acquire(3, 0, 0, 3), a2 = t.try_acquire(3, 0, 1, 4), b = t.try_acquire(5, 0, 1, 5);
+  ASSERT_TRUE(a1 && a2 && b);
+  t.count_hit(3);
+  EXPECT_EQ(t.session_hits(3), 1u);
+  EXPECT_EQ(t.session_leases(3), 2u);
+  EXPECT_FALSE(t.lock_victim().has_value());
+  EXPECT_EQ(t.clear_session(3), 2u);
+  EXPECT_EQ(t.session_hits(3), 0u);
+  EXPECT_EQ(t.leased_slots(), 1u);
+  bool evicted = false;
+  const auto v = t.lock_victim(&evicted);
+  ASSERT_TRUE(v);
+  EXPECT_TRUE(evicted);
+  EXPECT_EQ(*v, a1->slot);  // b's slot stays
+  t.abandon(*v);
+  t.release(*b);
+  EXPECT_EQ(t.leased_slots(), 0u);
+  EXPECT_TRUE(t.verify_integrity().ok()) << t.verify_integrity();
 }
 
 // Clients hold leases while the store keeps evicting and refilling: a leased slot's contents
@@ -115,7 +149,7 @@ TEST(SlotTable, LeasesHoldUnderConcurrentEviction) {
     std::mt19937 rng(seed);
     while (!stop) {
       const uint32_t e = rng() % kExperts;
-      auto lease = t.try_acquire(0, e, tick++);
+      auto lease = t.try_acquire(static_cast<uint32_t>(seed), 0, e, tick++);
       if (!lease) {
         std::lock_guard<std::mutex> l(store_mu);
         if (t.resident_slot(0, e) == 0) {

@@ -2,12 +2,18 @@
 // hits do not, prefetches run behind demand, a budget too small for one layer's top-k is
 // refused, and the golden model run through a store whose arena is smaller than the model
 // (forcing evictions) gives bit-identical logits to the in-process GGUF expert source.
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+
 #include "common/gguf/gguf.h"
 #include "expertstore_svc/local_source.h"
 #include "expertstore_svc/store.h"
 #include "gtest/gtest.h"
 #include "inference_svc/model/model.h"
 #include "tests/golden_data.h"
+#include "tests/test_util.h"
 
 namespace dsflash::expertstore {
 namespace {
@@ -20,30 +26,97 @@ TEST(Store, SlotsHoldTheFileBytes) {
   Store& s = **store;
   auto file = gguf::Model::open(golden_model());
   ASSERT_TRUE(file.ok());
-  auto lease = s.acquire(4, 1);
+  auto lease = s.acquire(Store::kLocalSession, 4, 1);
   ASSERT_TRUE(lease.ok()) << lease.status();
   const ExpertSlices sl = *s.slices().at(4, 1);
-  const uint8_t* slot = s.arena().data() + uint64_t{lease->slot} * s.slices().slot_bytes();
+  const uint8_t* slot = s.arena().host_data() + uint64_t{lease->slot} * s.slices().slot_bytes();
   for (const Slice* x : {&sl.gate, &sl.up, &sl.down}) {
     std::vector<uint8_t> want(x->bytes);
     ASSERT_TRUE((*file)->shard(x->shard).pread(x->file_offset, want.data(), want.size()).ok());
     EXPECT_EQ(0, std::memcmp(slot + x->slot_offset, want.data(), want.size()));
   }
-  s.release(*lease);
-  auto again = s.acquire(4, 1);  // now a hit
+  ASSERT_TRUE(s.release(*lease).ok());
+  EXPECT_EQ(s.release(*lease).code(), absl::StatusCode::kFailedPrecondition);  // not held twice
+  auto again = s.acquire(Store::kLocalSession, 4, 1);  // now a hit
   ASSERT_TRUE(again.ok());
-  s.release(*again);
+  ASSERT_TRUE(s.release(*again).ok());
   const StoreStats st = s.stats();
   EXPECT_EQ(st.loads, 1u);
   EXPECT_EQ(st.hits, 1u);
   EXPECT_EQ(st.misses, 1u);
   EXPECT_EQ(st.leased, 0u);
-  EXPECT_EQ(s.acquire(6, 0).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(s.acquire(0, 4).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(s.acquire(Store::kLocalSession, 6, 0).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(s.acquire(Store::kLocalSession, 0, 4).status().code(), absl::StatusCode::kOutOfRange);
   s.prefetch(5, 2);
   for (int i = 0; i < 200 && !s.table().resident_slot(5, 2); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_NE(s.table().resident_slot(5, 2), 0u);
   EXPECT_TRUE(s.table().verify_integrity().ok());
+}
+
+// Sessions: leases belong to a session; closing it (its client died) drops them all, and
+// the slots become evictable again.
+TEST(Store, ClosingASessionDropsItsLeases) {
+  auto store = Store::open(golden_model(), StoreOptions{.budget_bytes = 64 << 20, .reader_threads = 1});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Store& s = **store;
+  auto a = s.open_session(), b = s.open_session();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(*a, *b);
+  ASSERT_TRUE(s.acquire(*a, 0, 0).ok());
+  ASSERT_TRUE(s.acquire(*a, 0, 1).ok());
+  ASSERT_TRUE(s.acquire(*a, 0, 1).ok());
+  ASSERT_TRUE(s.acquire(*b, 0, 1).ok());
+  EXPECT_EQ(s.table().session_leases(*a), 3u);
+  EXPECT_EQ(s.stats().leased, 2u);
+  EXPECT_EQ(s.stats().sessions, 2u);
+  EXPECT_EQ(s.close_session(*a), 3u);
+  EXPECT_EQ(s.stats().leased, 1u);  // b's lease on (0, 1) holds
+  EXPECT_EQ(s.close_session(*b), 1u);
+  EXPECT_EQ(s.stats().leased, 0u);
+  // Every session can be opened; one more is refused with a clear error.
+  std::vector<uint32_t> all;
+  for (;;) {
+    auto x = s.open_session();
+    if (!x.ok()) {
+      EXPECT_EQ(x.status().code(), absl::StatusCode::kResourceExhausted);
+      break;
+    }
+    all.push_back(*x);
+  }
+  EXPECT_EQ(all.size(), kSessions - 1);
+  EXPECT_TRUE(s.table().verify_integrity().ok());
+}
+
+// Buffered and O_DIRECT reads give the same slot bytes; a shard truncated after opening
+// fails that load with an error naming the file, and the store keeps serving.
+TEST(Store, ReadFailuresFailTheLoadNotTheStore) {
+  testing::TempDir dir;
+  const std::string copy = dir.path() + "/m.gguf";
+  {
+    std::ifstream in(golden_model(), std::ios::binary);
+    std::ofstream out(copy, std::ios::binary);
+    out << in.rdbuf();
+  }
+  for (bool direct : {false, true}) {
+    auto store = Store::open(copy, StoreOptions{.budget_bytes = 64 << 20, .reader_threads = 1, .direct_io = direct});
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto lease = (*store)->acquire(Store::kLocalSession, 1, 2);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    const ExpertSlices sl = *(*store)->slices().at(1, 2);
+    const uint8_t* slot = (*store)->arena().host_data() + uint64_t{lease->slot} * (*store)->slices().slot_bytes();
+    std::vector<uint8_t> want(sl.down.bytes);
+    ASSERT_TRUE((*store)->model().shard(0).pread(sl.down.file_offset, want.data(), want.size()).ok());
+    EXPECT_EQ(0, std::memcmp(slot + sl.down.slot_offset, want.data(), want.size())) << "direct=" << direct;
+  }
+  auto store = Store::open(copy, StoreOptions{.budget_bytes = 64 << 20, .reader_threads = 1});
+  ASSERT_TRUE(store.ok());
+  const ExpertSlices last = *(*store)->slices().at(5, 3);
+  ASSERT_EQ(0, ::truncate(copy.c_str(), static_cast<off_t>(last.gate.file_offset)));
+  auto bad = (*store)->acquire(Store::kLocalSession, 5, 3);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("m.gguf"), std::string::npos) << bad.status();
+  EXPECT_TRUE((*store)->acquire(Store::kLocalSession, 0, 0).ok());  // still serving
+  EXPECT_EQ((*store)->stats().load_failures, 1u);
 }
 
 TEST(Store, RefusesABudgetBelowOneLayersTopK) {
