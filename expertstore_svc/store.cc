@@ -51,15 +51,19 @@ StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, Stor
   return s;
 }
 
-Store::~Store() {
+void Store::stop() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stop_ = true;
     for (auto& [key, job] : inflight_) job->cv.notify_all();
   }
   work_cv_.notify_all();
-  for (auto& t : readers_) t.join();
+  for (auto& t : readers_) {
+    if (t.joinable()) t.join();
+  }
 }
+
+Store::~Store() { stop(); }
 
 StatusOr<uint32_t> Store::open_session() {
   std::lock_guard<std::mutex> l(mu_);
@@ -142,6 +146,7 @@ void Store::reader_loop() {
     const bool resident = table_.resident_slot(job->layer, job->expert) != 0;
     const Status s = resident ? absl::OkStatus() : load_into(*job, ev);
     ev.ok = s.ok();
+    ev.code = s.code();
     ev.total_s = seconds(job->queued, Clock::now());
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -199,20 +204,29 @@ StatusOr<Lease> Store::acquire(uint32_t session, uint32_t layer, uint32_t expert
   return absl::UnavailableError(absl::StrCat("expert ", expert, " of layer ", layer, " kept being evicted before it could be leased"));
 }
 
-void Store::prefetch(uint32_t layer, uint32_t expert) {
-  if (!slices_.at(layer, expert).ok() || table_.resident_slot(layer, expert)) return;
+bool Store::prefetch(uint32_t layer, uint32_t expert, bool demand) {
+  if (!slices_.at(layer, expert).ok() || table_.resident_slot(layer, expert)) return false;
   std::lock_guard<std::mutex> l(mu_);
   const uint64_t key = uint64_t{layer} * cfg_.n_expert + expert;
-  if (stop_ || inflight_.count(key)) return;
+  if (stop_) return false;
+  if (auto it = inflight_.find(key); it != inflight_.end()) {
+    auto p = std::find(prefetch_.begin(), prefetch_.end(), it->second);
+    if (!demand || p == prefetch_.end()) return false;
+    prefetch_.erase(p);
+    it->second->demand = true;
+    demand_.push_back(it->second);
+    return true;
+  }
   auto job = std::make_shared<Load>();
   job->layer = layer;
   job->expert = expert;
-  job->demand = false;
+  job->demand = demand;
   job->queued = Clock::now();
   inflight_[key] = job;
-  prefetch_.push_back(job);
-  ++stats_.prefetches;
+  (demand ? demand_ : prefetch_).push_back(job);
+  stats_.prefetches += demand ? 0 : 1;
   work_cv_.notify_one();
+  return true;
 }
 
 Status Store::release(const Lease& lease) {

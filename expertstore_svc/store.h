@@ -35,6 +35,7 @@ struct StoreOptions {
 // One finished load, for metrics.
 struct LoadEvent {
   bool ok = true, demand = true, evicted = false;
+  absl::StatusCode code = absl::StatusCode::kOk;
   uint64_t bytes = 0;
   double queue_s = 0, read_s = 0, copy_s = 0, total_s = 0;  // total: enqueue to ready
 };
@@ -54,6 +55,8 @@ class Store {
   // below one layer's top-k, a staging ring that cannot be page-locked.
   static StatusOr<std::unique_ptr<Store>> open(const std::string& model_path, StoreOptions options);
   ~Store();
+  // Wakes every waiter with UNAVAILABLE and stops the readers (shutdown); idempotent.
+  void stop();
 
   const config::ModelConfig& config() const { return cfg_; }
   const gguf::Model& model() const { return *model_; }
@@ -73,8 +76,10 @@ class Store {
   // A lease for `session` on (layer, expert), loading it on a miss (blocks until ready or
   // failed). OutOfRange for an expert that does not exist.
   StatusOr<Lease> acquire(uint32_t session, uint32_t layer, uint32_t expert);
-  // Queues a low-priority load (dropped if resident or already queued).
-  void prefetch(uint32_t layer, uint32_t expert);
+  // Queues a load (dropped if resident or already queued): low priority, or with `demand` at
+  // demand priority (promoting a queued prefetch of the same expert). Returns whether a
+  // load was queued or promoted.
+  bool prefetch(uint32_t layer, uint32_t expert, bool demand = false);
   Status release(const Lease& lease);
   StoreStats stats() const;
   uint64_t tick() { return ++tick_; }

@@ -175,6 +175,10 @@ class Model {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   const TensorInfo* find_tensor(std::string_view name) const;
   uint64_t total_bytes() const;
+  // A 64-bit hex fingerprint of the tensors whose names contain `name_part`: names, types,
+  // shapes and the first 4 KiB of their data. Two processes opening the same GGUF agree;
+  // a different model, quantisation or seed differs.
+  StatusOr<std::string> fingerprint(std::string_view name_part) const;
 
   StatusOr<const uint8_t*> data(const TensorInfo& t) const { return shards_[t.shard]->data(t); }
   // Reads n bytes starting `offset` bytes into tensor t.

@@ -100,6 +100,25 @@ uint64_t Model::total_bytes() const {
   return n;
 }
 
+StatusOr<std::string> Model::fingerprint(std::string_view name_part) const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  auto mix = [&h](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  };
+  std::vector<uint8_t> head;
+  for (const TensorInfo& t : tensors_) {
+    if (t.name.find(name_part) == std::string::npos) continue;
+    mix(t.name.data(), t.name.size());
+    const uint32_t type = static_cast<uint32_t>(t.type);
+    mix(&type, sizeof(type));
+    mix(t.ne.data(), t.ne.size() * sizeof(t.ne[0]));
+    head.resize(static_cast<size_t>(std::min<uint64_t>(4096, t.n_bytes)));
+    RETURN_IF_ERROR(read(t, 0, head.data(), head.size()));
+    mix(head.data(), head.size());
+  }
+  return absl::StrFormat("%016x", h);
+}
+
 Status Model::read(const TensorInfo& t, uint64_t offset, void* dst, size_t n) const {
   if (offset > t.n_bytes || n > t.n_bytes - offset) {
     return absl::OutOfRangeError(absl::StrCat("read of ", n, " bytes at ", offset, " is outside tensor '", t.name,

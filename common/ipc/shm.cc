@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -68,6 +69,44 @@ SharedRegion::~SharedRegion() {
   if (fd_ >= 0) ::close(fd_);
   data_ = nullptr;
   fd_ = -1;
+}
+
+StatusOr<int> reopen_read_only(int fd) {
+  const std::string path = absl::StrCat("/proc/self/fd/", fd);
+  const int ro = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (ro < 0) return sys_error("open(/proc/self/fd, O_RDONLY)");
+  return ro;
+}
+
+StatusOr<int> listen_unix(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return sys_error("socket(AF_UNIX)");
+  ::unlink(path.c_str());
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 16) != 0) {
+    const Status s = absl::UnavailableError(absl::StrCat("bind/listen on ", path, ": ", std::strerror(errno)));
+    ::close(fd);
+    return s;
+  }
+  return fd;
+}
+
+StatusOr<int> connect_unix(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return sys_error("socket(AF_UNIX)");
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const Status s = absl::UnavailableError(absl::StrCat("connect to ", path, ": ", std::strerror(errno)));
+    ::close(fd);
+    return s;
+  }
+  return fd;
 }
 
 Status send_fds(int sock, const std::vector<int>& fds, const std::string& payload) {

@@ -36,6 +36,15 @@ class SharedRegion {
   size_t size_ = 0;
 };
 
+// A new read-only descriptor of the same memfd (via /proc/self/fd): a peer given it cannot
+// map the region writable. The caller owns the returned fd.
+StatusOr<int> reopen_read_only(int fd);
+
+// A listening Unix stream socket at `path` (an existing socket file there is replaced).
+StatusOr<int> listen_unix(const std::string& path);
+// A connected Unix stream socket to `path`.
+StatusOr<int> connect_unix(const std::string& path);
+
 // Sends `fds` (and a small payload) over a connected Unix socket.
 Status send_fds(int sock, const std::vector<int>& fds, const std::string& payload);
 // Receives up to `max_fds` fds and the payload; the caller owns the returned fds.
