@@ -18,6 +18,7 @@
 #include "common/gguf/gguf.h"
 #include "common/log.h"
 #include "inference_svc/api/service.h"
+#include "inference_svc/expert_client/expert_client.h"
 #include "inference_svc/model/weights.h"
 #include "prometheus/exposer.h"
 
@@ -35,6 +36,7 @@ struct Flags {
   int grace_seconds = 30;
   uint32_t prefill_chunk = 256;
   double load_rate_mbps = 0;  // 0: unlimited
+  std::string expert_store;   // address of dsflash-expertstore; empty: experts read in-process
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -53,6 +55,7 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     if (a == "--max-new-tokens" && value(&v) && absl::SimpleAtoi(v, &f->max_new_tokens)) continue;
     if (a == "--grace-seconds" && value(&v) && absl::SimpleAtoi(v, &f->grace_seconds)) continue;
     if (a == "--prefill-chunk" && value(&v) && absl::SimpleAtoi(v, &f->prefill_chunk) && f->prefill_chunk > 0) continue;
+    if (a == "--expert-store" && value(&f->expert_store)) continue;
     if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
     std::fprintf(stderr, "dsflash-inference: bad argument '%s'\n", a.c_str());
     return false;
@@ -84,7 +87,8 @@ struct Loaded {
 // Reads the resident weights with progress (log every 2 s and a gauge), then builds the model
 // and the tokenizer. A signal while loading cancels.
 dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file, dsflash::engine::Metrics& metrics,
-                                                 double rate_mbps) {
+                                                 double rate_mbps,
+                                                 std::unique_ptr<dsflash::model::ExpertSource> experts) {
   using namespace dsflash;
   const auto t0 = std::chrono::steady_clock::now();
   auto last = t0;
@@ -105,7 +109,7 @@ dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file
     return g_signal == 0;
   }));
   auto out = std::make_unique<Loaded>();
-  ASSIGN_OR_RETURN(out->model, model::Model::load(file));
+  ASSIGN_OR_RETURN(out->model, model::Model::load(file, std::move(experts)));
   ASSIGN_OR_RETURN(out->tok, tok::Tokenizer::from_gguf(file));
   const auto& c = out->model->config();
   log::info("model '%s' loaded in %.2f s: %u layers, vocab %u, context %u", c.name,
@@ -123,7 +127,9 @@ int main(int argc, char** argv) {
                  "usage: dsflash-inference --model FILE.gguf [--listen ADDR[,ADDR]] (default 0.0.0.0:50051; unix:PATH ok)\n"
                  "       [--metrics HOST:PORT] (default 0.0.0.0:9100) [--max-queue N] [--max-new-tokens N] "
                  "[--grace-seconds S] [--prefill-chunk N]\n"
-                 "       [--load-rate-mbps R] (cap the start-up read rate, e.g. to spare a shared NVMe; 0 = none)\n");
+                 "       [--load-rate-mbps R] (cap the start-up read rate, e.g. to spare a shared NVMe; 0 = none)\n"
+                 "       [--expert-store ADDR] (routed experts from dsflash-expertstore, e.g.\n"
+                 "                              unix:/tmp/dsflash-expertstore.sock; default: read in-process)\n");
     return 2;
   }
   std::signal(SIGTERM, on_signal);
@@ -161,7 +167,24 @@ int main(int argc, char** argv) {
   log::info("listening on %s (not ready: loading %s, %.1f MiB in %zu file(s)); metrics on %s/metrics", flags.listen,
             flags.model, (*file)->total_bytes() / 1048576.0, (*file)->n_shards(), flags.metrics);
 
-  auto loaded = load(**file, metrics, flags.load_rate_mbps);
+  // With --expert-store the routed experts come from the store process; the session is kept
+  // (and re-established) in the background and readiness follows it.
+  std::unique_ptr<model::ExpertSource> experts;
+  expertclient::ExpertClient* client = nullptr;
+  if (!flags.expert_store.empty()) {
+    auto cfg = config::from_gguf(**file);
+    auto fp = (*file)->fingerprint("_exps.");
+    if (!cfg.ok() || !fp.ok()) {
+      log::error("%s", std::string((!cfg.ok() ? cfg.status() : fp.status()).message()));
+      return 1;
+    }
+    auto c = std::make_unique<expertclient::ExpertClient>(
+        expertclient::ClientOptions{.address = flags.expert_store, .model_fingerprint = *fp}, *cfg);
+    c->set_observer([&metrics](bool hit, double s) { metrics.expert_fetch(hit)->Observe(s); });
+    client = c.get();
+    experts = std::move(c);
+  }
+  auto loaded = load(**file, metrics, flags.load_rate_mbps, std::move(experts));
   if (!loaded.ok()) {
     log::error("%s", std::string(loaded.status().message()));
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -173,13 +196,24 @@ int main(int argc, char** argv) {
   opt.default_max_new_tokens = flags.max_new_tokens;
   opt.prefill_chunk = flags.prefill_chunk;
   engine::Engine eng(*l.model, *l.tok, &metrics, opt);
-  const api::Backend backend{&eng, l.tok.get(), &l.model->config()};
+  api::Backend backend{&eng, l.tok.get(), &l.model->config(), nullptr};
+  if (client) backend.available = [client] { return client->availability(); };
   service.attach(&backend);
-  health->SetServingStatus("dsflash.v1.Inference", true);
   metrics.model_loaded->Set(1);
-  log::info("ready: serving dsflash.v1.Inference");
+  log::info("loaded: serving dsflash.v1.Inference%s", client ? " (ready once the expert store session is up)" : "");
 
-  while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Readiness: loaded, not draining, and (with a store) its session up.
+  bool ready = false;
+  while (g_signal == 0) {
+    const bool up = client == nullptr || client->connected();
+    metrics.store_up->Set(up ? 1 : 0);
+    if (up != ready) {
+      ready = up;
+      health->SetServingStatus("dsflash.v1.Inference", ready);
+      log::info("readiness: %s", ready ? "SERVING" : "NOT_SERVING (expert store down)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   log::info("signal %d: draining (grace %d s, %zu request(s) in flight)", g_signal.load(), flags.grace_seconds,
             eng.in_flight());
   eng.drain();

@@ -15,6 +15,7 @@ StatusOr<engine::GenerateParams> InferenceService::to_params(const grpc::Callbac
                                                              const dsflash::v1::GenerateRequest& req) const {
   const Backend* b = backend();
   if (b == nullptr) return absl::UnavailableError(kModelLoading);
+  if (b->available) RETURN_IF_ERROR(b->available());
   const tok::Tokenizer& tok = *b->tok;
   engine::GenerateParams p;
   static std::atomic<uint64_t> next_id{1};

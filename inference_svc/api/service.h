@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -23,6 +24,9 @@ struct Backend {
   engine::Engine* engine = nullptr;
   const tok::Tokenizer* tok = nullptr;
   const config::ModelConfig* cfg = nullptr;
+  // When set, generation requests are refused with its error while it returns one (e.g. the
+  // expert store is down).
+  std::function<Status()> available;
 };
 
 // Serves from start-up on: until attach() every RPC answers UNAVAILABLE ("model loading").

@@ -42,6 +42,14 @@ Metrics::Metrics(const std::string& model_name) : registry_(std::make_shared<pro
   prompt_tokens = &prometheus::BuildCounter().Name("llm_prompt_tokens_total").Help("Prompt tokens processed").Register(r).Add({});
   generation_tokens =
       &prometheus::BuildCounter().Name("llm_generation_tokens_total").Help("Tokens generated").Register(r).Add({});
+  store_up = gauge(r, "llm_expert_store_up", "1 while routed experts are reachable (store session up, or in-process)");
+  store_up->Set(1);
+  auto& fetch = prometheus::BuildHistogram()
+                    .Name("llm_expert_fetch_seconds")
+                    .Help("Time to acquire one routed expert, by hit (resident) or miss (loaded)")
+                    .Register(r);
+  expert_hit_ = &fetch.Add({{"result", "hit"}}, exp_buckets(1e-7, 2, 24));
+  expert_miss_ = &fetch.Add({{"result", "miss"}}, exp_buckets(1e-5, 2, 22));
   prometheus::BuildGauge()
       .Name("llm_build_info")
       .Help("Build and model information")

@@ -36,12 +36,15 @@ class Metrics {
   prometheus::Histogram* generation_tokens_hist;
   prometheus::Counter* prompt_tokens;
   prometheus::Counter* generation_tokens;
+  prometheus::Gauge* store_up;  // 1 while the expert store session is up (or experts are in-process)
+  prometheus::Histogram* expert_fetch(bool hit) { return hit ? expert_hit_ : expert_miss_; }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Family<prometheus::Counter>* finished_;
   prometheus::Family<prometheus::Counter>* rejections_;
+  prometheus::Histogram *expert_hit_, *expert_miss_;
 };
 
 }  // namespace dsflash::engine

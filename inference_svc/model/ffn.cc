@@ -48,6 +48,9 @@ Status Model::moe(int l, const std::vector<float>& x, int64_t S, std::vector<flo
     hook(absl::StrCat("L", l, ".moe.indices"), route_e.data(), S, K);
     hook(absl::StrCat("L", l, ".moe.weights"), route_w.data(), S, K);
   }
+  std::vector<int> needed;
+  for (const auto& [e, toks] : by_expert) needed.push_back(e);
+  experts_->prefetch(l, needed);
   std::vector<float> acc(static_cast<size_t>(S * D), 0.0f), xe, ye, we;
   for (const auto& [e, toks] : by_expert) {
     ASSIGN_OR_RETURN(const ExpertWeights ew, experts_->acquire(l, e));

@@ -37,6 +37,9 @@ class ExpertSource {
   virtual ~ExpertSource() = default;
   virtual StatusOr<ExpertWeights> acquire(int layer, int expert) = 0;
   virtual void release(int layer, int expert) = 0;
+  // A hint, before a layer's acquires, naming every expert it will acquire (a remote source
+  // starts all their loads at once).
+  virtual void prefetch(int /*layer*/, const std::vector<int>& /*experts*/) {}
 };
 
 // Reads expert slices straight from the (mapped) merged 3-D GGUF tensors.
