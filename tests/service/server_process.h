@@ -77,11 +77,15 @@ class ServerProcess {
  public:
   // Starts the server; waits until it is ready unless wait_ready is false (then only until
   // its socket exists).
-  explicit ServerProcess(std::vector<std::string> extra = {}, bool wait_ready = true) {
-    model_ = dir_.file("tiny.gguf");
-    tools::SynthOptions o;
-    auto w = tools::write_synthetic_model(o, model_, 1);
-    EXPECT_TRUE(w.ok()) << w.status();
+  // `model`: a GGUF to serve; empty: a synthetic tiny model written for this server.
+  explicit ServerProcess(std::vector<std::string> extra = {}, bool wait_ready = true, std::string model = "") {
+    model_ = model;
+    if (model_.empty()) {
+      model_ = dir_.file("tiny.gguf");
+      tools::SynthOptions o;
+      auto w = tools::write_synthetic_model(o, model_, 1);
+      EXPECT_TRUE(w.ok()) << w.status();
+    }
     sock_ = "unix:" + dir_.file("inference.sock");
     metrics_port_ = free_tcp_port();
     std::vector<std::string> args = {DSF_INFERENCE_BIN, "--model", model_, "--listen", sock_,

@@ -1,0 +1,166 @@
+// Test harness: a real child process (fork + exec) with its stderr in a log file, stopped
+// with SIGTERM (then SIGKILL) or killed with SIGKILL; and the expert store process on top.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "dsflash/v1/expertstore.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "tests/service/server_process.h"
+#include "tests/test_util.h"
+
+namespace dsflash::testing {
+
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ChildProcess(const std::vector<std::string>& args, const std::string& log, bool stdout_pipe = false) {
+    start(args, log, stdout_pipe);
+  }
+  ~ChildProcess() { stop(std::chrono::seconds(10)); }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  void start(std::vector<std::string> args, const std::string& log, bool stdout_pipe = false) {
+    int fds[2] = {-1, -1};
+    if (stdout_pipe && ::pipe(fds) != 0) return;
+    log_ = log;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      FILE* f = std::freopen(log.c_str(), "a", stderr);
+      (void)f;
+      if (stdout_pipe) ::dup2(fds[1], 1);
+      ::execv(argv[0], argv.data());
+      _exit(127);
+    }
+    if (stdout_pipe) {
+      ::close(fds[1]);
+      out_ = fds[0];
+    }
+  }
+  // One line of the child's stdout (stdout_pipe mode), "" at EOF.
+  std::string read_line() {
+    std::string line;
+    char c;
+    while (out_ >= 0 && ::read(out_, &c, 1) == 1 && c != '\n') line += c;
+    return line;
+  }
+  pid_t pid() const { return pid_; }
+  bool running() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      return false;
+    }
+    return true;
+  }
+  // SIGKILL and reap.
+  void kill9() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    exit_code_ = -1;
+  }
+  // SIGTERM, wait; returns the exit status (-1 if it had to be killed).
+  int stop(std::chrono::seconds wait = std::chrono::seconds(20)) {
+    if (out_ >= 0) ::close(out_), out_ = -1;
+    if (pid_ <= 0) return exit_code_;
+    ::kill(pid_, SIGTERM);
+    const auto until = std::chrono::steady_clock::now() + wait;
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        kill9();
+        return exit_code_ = -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    pid_ = -1;
+    return exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  // Waits for the process to exit by itself; its exit status, or -2 on timeout.
+  int wait_exit(std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (running()) {
+      if (std::chrono::steady_clock::now() > until) return -2;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return exit_code_;
+  }
+  std::string log() const {
+    const auto b = read_all(log_);
+    return std::string(b.begin(), b.end());
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int exit_code_ = 0;
+  int out_ = -1;
+  std::string log_;
+};
+
+// The real dsflash-expertstore on a unix socket in `dir`, with a free metrics port.
+class StoreProcess {
+ public:
+  StoreProcess(const TempDir& dir, const std::string& model, const std::string& budget, std::vector<std::string> extra = {})
+      : dir_(dir), model_(model), budget_(budget), extra_(std::move(extra)) {
+    sock_ = "unix:" + dir.file("expertstore.sock");
+    metrics_port_ = free_tcp_port();
+    start();
+  }
+  // (Re)starts on the same addresses; waits until it serves (or exits).
+  bool start() {
+    std::vector<std::string> args = {DSF_EXPERTSTORE_BIN, "--model", model_, "--listen", sock_, "--budget", budget_,
+                                     "--metrics", "127.0.0.1:" + std::to_string(metrics_port_)};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    std::filesystem::remove(sock_.substr(5));
+    proc_.start(args, dir_.file("expertstore.log"));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!std::filesystem::exists(sock_.substr(5)) && proc_.running() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    channel_ = grpc::CreateChannel(sock_, grpc::InsecureChannelCredentials());
+    stub_ = dsflash::v1::ExpertStore::NewStub(channel_);
+    return std::filesystem::exists(sock_.substr(5));
+  }
+  const std::string& address() const { return sock_; }
+  int metrics_port() const { return metrics_port_; }
+  ChildProcess& process() { return proc_; }
+  dsflash::v1::ExpertStore::Stub& stub() { return *stub_; }
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  dsflash::v1::StoreStats stats() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    dsflash::v1::StoreStats s;
+    (void)stub_->GetStats(&ctx, dsflash::v1::GetStatsRequest(), &s);
+    return s;
+  }
+
+ private:
+  const TempDir& dir_;
+  std::string model_, budget_, sock_;
+  std::vector<std::string> extra_;
+  int metrics_port_ = 0;
+  ChildProcess proc_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<dsflash::v1::ExpertStore::Stub> stub_;
+};
+
+}  // namespace dsflash::testing
