@@ -7,6 +7,9 @@ namespace dsflash::expertstore {
 StatusOr<std::unique_ptr<HostArena>> HostArena::create(uint64_t bytes) {
   auto a = std::make_unique<HostArena>();
   ASSIGN_OR_RETURN(a->region_, ipc::SharedRegion::create("dsflash-expert-arena", bytes));
+  // Touch every page once at start-up so that no load pays a first-write fault (on some
+  // virtual machines the first write to a page costs more than reading it from disk).
+  std::memset(a->region_.data(), 0, bytes);
   return a;
 }
 

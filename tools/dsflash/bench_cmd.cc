@@ -15,26 +15,11 @@
 #include "inference_svc/model/model.h"
 #include "kernels/cpu/parallel.h"
 #include "tools/dsflash/args.h"
+#include "tools/dsflash/bench_csv.h"
 #include "tools/dsflash/commands.h"
 
 namespace dsflash::tools {
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-std::string shell_line(const char* cmd) {
-  std::string out;
-  if (FILE* p = ::popen(cmd, "r")) {
-    char buf[256];
-    if (std::fgets(buf, sizeof(buf), p)) out = buf;
-    ::pclose(p);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
 
 // Bytes of weights one decode token reads: every tensor except the routed experts and the
 // Engram tables, plus top-k of the routed experts per layer and the Engram rows.
@@ -88,32 +73,14 @@ Status run(const Args& a) {
   if (n_prompt + n_decode > m->config().n_ctx) return absl::InvalidArgumentError("prompt + decode exceed the context");
   ASSIGN_OR_RETURN(const Result r, measure(*m, n_prompt, n_decode, static_cast<int>(runs)));
   const double bytes = decode_bytes(*file, m->config());
-  char host[128] = "unknown";
-  ::gethostname(host, sizeof(host));
-  const std::string machine = absl::StrCat(host, " (", kernels::cpu::n_threads(), " threads, ",
-                                           shell_line("uname -m"), ")");
-  const std::string date = shell_line("date -u +%Y-%m-%dT%H:%M:%SZ");
-  const std::string commit = shell_line("git rev-parse --short HEAD 2>/dev/null");
   const std::string config = absl::StrCat(a.get_or("label", m->config().name), " prompt=", n_prompt, " decode=", n_decode,
                                           " runs=", runs, " backend=cpu");
-  const std::vector<std::tuple<std::string, double, std::string>> rows = {
-      {"prefill_tokens_per_s", r.prefill_tps, "tok/s"},
-      {"decode_tokens_per_s", r.decode_tps, "tok/s"},
-      {"decode_weight_bytes_per_token", bytes, "bytes"},
-      {"decode_weight_read_rate", bytes * r.decode_tps / 1e9, "GB/s"},
-  };
-  const std::string csv = a.get_or("csv", "bench/results.csv");
-  const bool fresh = !std::ifstream(csv).good();
-  std::ofstream out(csv, std::ios::app);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot append to '", csv, "'"));
-  if (fresh) out << "date,commit,machine,benchmark,configuration,metric,value,unit\n";
-  for (const auto& [metric, value, unit] : rows) {
-    out << date << ',' << commit << ",\"" << machine << "\",cpu_forward,\"" << config << "\"," << metric << ','
-        << value << ',' << unit << '\n';
-    std::printf("%-32s %12.3f %s\n", metric.c_str(), value, unit.c_str());
-  }
-  std::printf("appended %zu rows to %s (median of %lld runs; %s)\n", rows.size(), csv.c_str(),
-              static_cast<long long>(runs), machine.c_str());
+  RETURN_IF_ERROR(append_bench_rows(a.get_or("csv", "bench/results.csv"), "cpu_forward", config,
+                                    {{"prefill_tokens_per_s", r.prefill_tps, "tok/s"},
+                                     {"decode_tokens_per_s", r.decode_tps, "tok/s"},
+                                     {"decode_weight_bytes_per_token", bytes, "bytes"},
+                                     {"decode_weight_read_rate", bytes * r.decode_tps / 1e9, "GB/s"}}));
+  std::printf("(median of %lld runs)\n", static_cast<long long>(runs));
   return absl::OkStatus();
 }
 
