@@ -6,6 +6,7 @@
 //    staging ring, O_DIRECT, copy into the arena) against raw O_DIRECT pread of the same
 //    slices with the same number of threads, bytes/s, median of --runs.
 //   expertstore_bench --model M.gguf --store-bin PATH [--runs N] [--threads R] [--csv F] [--label L]
+//                     [--arena host|device]   (the miss path's arena; the hit path uses host)
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -85,9 +86,10 @@ StatusOr<double> raw_pread_rate(const gguf::Model& m, const std::vector<SliceRef
 }
 
 // Every expert through the store (demand loads, all queued at once per layer): bytes/s.
-StatusOr<double> store_load_rate(const std::string& model, int threads) {
+StatusOr<double> store_load_rate(const std::string& model, int threads, const std::string& arena) {
   ASSIGN_OR_RETURN(auto store, expertstore::Store::open(model, expertstore::StoreOptions{.budget_bytes = 1ull << 40,
-                                                                                         .reader_threads = threads}));
+                                                                                         .reader_threads = threads,
+                                                                                         .arena = arena}));
   const auto& c = store->config();
   std::mutex mu;
   double read_s = 0, copy_s = 0, total_s = 0;
@@ -136,12 +138,12 @@ Status run_bench(const tools::Args& a) {
       for (const auto* x : {&s.gate, &s.up, &s.down}) slices.push_back({x->shard, x->file_offset, x->bytes});
     }
   }
-  const std::string label = a.get_or("label", cfg.name);
+  const std::string label = a.get_or("label", cfg.name), arena = a.get_or("arena", "host");
   // ---- miss path ----
   std::vector<double> raw, via_store;
   for (int r = 0; r < runs; ++r) {
     ASSIGN_OR_RETURN(const double x, raw_pread_rate(*file, slices, threads));
-    ASSIGN_OR_RETURN(const double y, store_load_rate(model, threads));
+    ASSIGN_OR_RETURN(const double y, store_load_rate(model, threads, arena));
     raw.push_back(x);
     via_store.push_back(y);
     std::fprintf(stderr, "run %d: raw %.0f MB/s, store %.0f MB/s\n", r, x / 1e6, y / 1e6);
@@ -150,7 +152,7 @@ Status run_bench(const tools::Args& a) {
   RETURN_IF_ERROR(tools::append_bench_rows(
       csv, "expertstore_miss",
       absl::StrCat(label, " experts=", cfg.n_layer * cfg.n_expert, " expert_bytes=", map.expert_bytes(), " readers=", threads,
-                   " O_DIRECT runs=", runs),
+                   " O_DIRECT arena=", arena, " runs=", runs),
       {{"store_load_rate", store_m / 1e6, "MB/s"}, {"raw_pread_rate", raw_m / 1e6, "MB/s"},
        {"store_vs_raw", store_m / raw_m, "ratio"}}));
 
@@ -209,9 +211,9 @@ Status run_bench(const tools::Args& a) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> v(argv + 1, argv + argc);
-  auto args = dsflash::tools::Args::parse(v, {}, {"model", "store-bin", "runs", "threads", "csv", "label"});
+  auto args = dsflash::tools::Args::parse(v, {}, {"model", "store-bin", "runs", "threads", "csv", "label", "arena"});
   if (!args.ok() || !args->has("model") || !args->has("store-bin")) {
-    std::fprintf(stderr, "usage: expertstore_bench --model M.gguf --store-bin PATH [--runs N] [--threads R] [--csv F] [--label L]\n");
+    std::fprintf(stderr, "usage: expertstore_bench --model M.gguf --store-bin PATH [--runs N] [--threads R] [--csv F] [--label L] [--arena host|device]\n");
     return 2;
   }
   const dsflash::Status s = dsflash::run_bench(*args);

@@ -36,7 +36,11 @@ constexpr const char* kUsage =
     "  --reader-threads N    shard reader threads (default 2)\n"
     "  --staging-buffers N   staging ring buffers (default 2 per reader)\n"
     "  --pin-staging BOOL    page-lock the staging ring; failure is an error (default true)\n"
-    "  --direct-io BOOL      O_DIRECT shard reads where supported (default true)\n";
+    "  --direct-io BOOL      O_DIRECT shard reads where supported (default true)\n"
+    "  --arena KIND          host (memfd; what the CPU backend reads), device (CUDA memory) or auto\n"
+    "                        (device when a GPU is present) (default host)\n"
+    "  --device N            CUDA device of a device arena (default 0)\n"
+    "  --device-sharing M    auto (VMM POSIX-fd, else legacy IPC), cuda-vmm-fd or cuda-ipc (default auto)\n";
 
 struct Flags {
   std::string model, listen = "unix:/tmp/dsflash-expertstore.sock", fd_socket, metrics = "0.0.0.0:9101";
@@ -85,6 +89,10 @@ int parse_flags(int argc, char** argv, Flags* f) {
     else if (a == "--staging-buffers") ok = ok && absl::SimpleAtoi(v, &f->store.staging_buffers) && f->store.staging_buffers >= 0;
     else if (a == "--pin-staging") ok = ok && parse_bool(v, &f->store.pin_staging);
     else if (a == "--direct-io") ok = ok && parse_bool(v, &f->store.direct_io);
+    else if (a == "--arena") ok = ok && (v == "host" || v == "device" || v == "auto") && (f->store.arena = v, true);
+    else if (a == "--device") ok = ok && absl::SimpleAtoi(v, &f->store.device) && f->store.device >= 0;
+    else if (a == "--device-sharing")
+      ok = ok && (v == "auto" || v == "cuda-vmm-fd" || v == "cuda-ipc") && (f->store.device_mechanism = v, true);
     else ok = false;
     if (!ok) {
       std::fprintf(stderr, "dsflash-expertstore: bad argument '%s'%s\n%s", a.c_str(), has ? "" : " (missing value)", kUsage);

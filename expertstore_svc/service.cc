@@ -134,10 +134,13 @@ StatusOr<std::unique_ptr<ExpertStoreService>> ExpertStoreService::create(Store& 
   std::unique_ptr<ExpertStoreService> s(new ExpertStoreService(store, metrics));
   s->fd_socket_ = fd_socket;
   ASSIGN_OR_RETURN(s->fingerprint_, store.model().fingerprint("_exps."));
-  if (store.arena().fd() < 0) {
-    return absl::UnimplementedError(absl::StrCat("the ", store.arena().mechanism(), " arena has no shareable fd"));
+  // Clients get the host arena read-only; a VMM arena fd as exported (the importer sets its
+  // own access); a legacy IPC arena travels as a handle in SessionInfo instead.
+  if (store.arena().mechanism() == "memfd") {
+    ASSIGN_OR_RETURN(s->ro_arena_fd_, ipc::reopen_read_only(store.arena().fd()));
+  } else if (store.arena().fd() >= 0) {
+    s->ro_arena_fd_ = ::dup(store.arena().fd());
   }
-  ASSIGN_OR_RETURN(s->ro_arena_fd_, ipc::reopen_read_only(store.arena().fd()));
   ASSIGN_OR_RETURN(s->ro_table_fd_, ipc::reopen_read_only(store.table_region().fd()));
   ASSIGN_OR_RETURN(s->listen_fd_, ipc::listen_unix(fd_socket));
   s->fd_thread_ = std::thread([p = s.get()] { p->fd_loop(); });
@@ -177,6 +180,7 @@ pb::SessionInfo ExpertStoreService::describe() const {
   info.set_slot_bytes(m.slot_bytes());
   info.set_arena_bytes(store_.arena().bytes());
   info.set_arena_mechanism(store_.arena().mechanism());
+  info.set_cuda_ipc_handle(store_.arena().ipc_handle());
   info.set_table_bytes(store_.table_region().size());
   info.set_lease_bytes(store_.lease_region().size());
   info.set_fd_socket(fd_socket_);
@@ -329,8 +333,9 @@ grpc::ServerUnaryReactor* ExpertStoreService::GetStats(grpc::CallbackServerConte
   return r;
 }
 
-// The fd hand-over: a client connects, sends its session id, and receives [arena (read-only),
-// slot table (read-only), lease table] — or no fds and an error line.
+// The fd hand-over: a client connects, sends its session id, and receives [arena, slot table
+// (read-only), lease table] (no arena fd for a legacy CUDA IPC arena) — or no fds and an
+// error line.
 void ExpertStoreService::fd_loop() {
   while (!stopping_) {
     pollfd p{listen_fd_, POLLIN, 0};
@@ -353,7 +358,9 @@ void ExpertStoreService::serve_fds(int conn) {
     (void)ipc::send_fds(conn, {}, "error: unknown session");
     return;
   }
-  (void)ipc::send_fds(conn, {ro_arena_fd_, ro_table_fd_, store_.lease_region().fd()}, "ok");
+  std::vector<int> fds = {ro_table_fd_, store_.lease_region().fd()};
+  if (ro_arena_fd_ >= 0) fds.insert(fds.begin(), ro_arena_fd_);
+  (void)ipc::send_fds(conn, fds, "ok");
 }
 
 }  // namespace dsflash::expertstore

@@ -2,8 +2,6 @@
 #include "expertstore_svc/staging.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,10 +13,10 @@
 
 namespace dsflash::expertstore {
 
-StatusOr<std::unique_ptr<StagingRing>> StagingRing::create(size_t n, size_t bytes, bool pin) {
+StatusOr<std::unique_ptr<StagingRing>> StagingRing::create(size_t n, size_t bytes, Arena* pin_for) {
   std::unique_ptr<StagingRing> r(new StagingRing());
   r->bytes_ = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
-  r->pinned_ = pin;
+  r->pin_for_ = pin_for;
   for (size_t i = 0; i < n; ++i) {
     void* p = nullptr;
     if (posix_memalign(&p, kDirectAlign, r->bytes_) != 0) {
@@ -26,14 +24,14 @@ StatusOr<std::unique_ptr<StagingRing>> StagingRing::create(size_t n, size_t byte
     }
     r->buffers_.push_back(static_cast<uint8_t*>(p));
     std::memset(p, 0, r->bytes_);
-    if (pin && ::mlock(p, r->bytes_) != 0) {
-      const int err = errno;
-      rlimit lim{};
-      ::getrlimit(RLIMIT_MEMLOCK, &lim);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot page-lock the staging ring (", n, " x ", r->bytes_ / 1024, " KiB): mlock: ", std::strerror(err),
-          "; RLIMIT_MEMLOCK is ", lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : absl::StrCat(lim.rlim_cur / 1024, " KiB"),
-          ". Raise it (ulimit -l, or the container's memlock limit) or pass --pin-staging=false"));
+    if (pin_for != nullptr) {
+      if (const Status st = pin_for->pin(p, r->bytes_); !st.ok()) {
+        return absl::ResourceExhaustedError(absl::StrCat("cannot page-lock the staging ring (", n, " x ", r->bytes_ / 1024,
+                                                         " KiB): ", st.message(),
+                                                         ". Raise the memlock limit (ulimit -l, or the container's) "
+                                                         "or pass --pin-staging=false"));
+      }
+      r->pinned_count_ = i + 1;
     }
   }
   r->free_ = r->buffers_;
@@ -41,9 +39,9 @@ StatusOr<std::unique_ptr<StagingRing>> StagingRing::create(size_t n, size_t byte
 }
 
 StagingRing::~StagingRing() {
-  for (uint8_t* p : buffers_) {
-    if (pinned_) ::munlock(p, bytes_);
-    std::free(p);
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    if (i < pinned_count_) pin_for_->unpin(buffers_[i], bytes_);
+    std::free(buffers_[i]);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "common/gguf/gguf.h"
 #include "common/status.h"
+#include "expertstore_svc/arena.h"
 
 namespace dsflash::expertstore {
 
@@ -19,22 +20,24 @@ inline constexpr uint64_t kDirectAlign = 4096;
 
 class StagingRing {
  public:
-  // n buffers of `bytes` each (rounded up to 4 KiB), mlock()ed when `pin`.
-  static StatusOr<std::unique_ptr<StagingRing>> create(size_t n, size_t bytes, bool pin);
+  // n buffers of `bytes` each (rounded up to 4 KiB), page-locked for copies into `pin_for`
+  // (mlock for a host arena, CUDA host registration for a device arena) unless it is null.
+  static StatusOr<std::unique_ptr<StagingRing>> create(size_t n, size_t bytes, Arena* pin_for);
   ~StagingRing();
   uint8_t* take();  // blocks until a buffer is free
   void give(uint8_t* buffer);
   size_t in_use() const;
   size_t size() const { return buffers_.size(); }
   size_t buffer_bytes() const { return bytes_; }
-  bool pinned() const { return pinned_; }
+  bool pinned() const { return pin_for_ != nullptr; }
 
  private:
   StagingRing() = default;
   std::vector<uint8_t*> buffers_;
   std::vector<uint8_t*> free_;
   size_t bytes_ = 0;
-  bool pinned_ = false;
+  Arena* pin_for_ = nullptr;
+  size_t pinned_count_ = 0;
   mutable std::mutex mu_;
   std::condition_variable cv_;
 };

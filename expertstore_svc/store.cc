@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "kernels/exec.h"
 
 namespace dsflash::expertstore {
 namespace {
@@ -27,7 +28,17 @@ StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, Stor
                                                    " needs ", s->cfg_.n_expert_used * slot));
   }
   const uint32_t slots = static_cast<uint32_t>(std::min<uint64_t>(n_slots, uint64_t{s->cfg_.n_layer} * s->cfg_.n_expert));
-  ASSIGN_OR_RETURN(s->arena_, HostArena::create(slot * slots));
+  std::string kind = o.arena;
+  if (kind == "auto") kind = kernels::cuda_available() ? "device" : "host";
+  if (kind == "host") {
+    ASSIGN_OR_RETURN(s->arena_, HostArena::create(slot * slots));
+  } else if (kind == "device") {
+    std::string report;
+    ASSIGN_OR_RETURN(s->arena_, create_device_arena(slot * slots, o.device, o.device_mechanism, &report));
+    log::info("expert store: %s", report.c_str());
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown arena kind '", o.arena, "' (host, device or auto)"));
+  }
   ASSIGN_OR_RETURN(s->table_mem_, ipc::SharedRegion::create("dsflash-slot-table",
                                                             SlotTable::table_bytes(s->cfg_.n_layer, s->cfg_.n_expert, slots)));
   ASSIGN_OR_RETURN(s->lease_mem_, ipc::SharedRegion::create("dsflash-leases", SlotTable::lease_bytes(slots)));
@@ -39,7 +50,8 @@ StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, Stor
   }
   const int readers = std::max(1, o.reader_threads);
   const size_t n_buf = o.staging_buffers > 0 ? static_cast<size_t>(o.staging_buffers) : 2 * static_cast<size_t>(readers);
-  ASSIGN_OR_RETURN(s->ring_, StagingRing::create(n_buf, SliceReader::staging_bytes(max_slice), o.pin_staging));
+  ASSIGN_OR_RETURN(s->ring_, StagingRing::create(n_buf, SliceReader::staging_bytes(max_slice),
+                                                  o.pin_staging ? s->arena_.get() : nullptr));
   ASSIGN_OR_RETURN(s->reader_, SliceReader::open(*s->model_, o.direct_io));
   for (uint32_t i = 1; i < kSessions; ++i) s->free_sessions_.push_back(i);
   s->stats_.slots = slots;

@@ -30,6 +30,11 @@ struct StoreOptions {
   int staging_buffers = 0;  // 0: two per reader thread
   bool pin_staging = true;  // page-lock the staging ring (failure is an error)
   bool direct_io = true;    // O_DIRECT reads where the file system supports them
+  // Where the slots live: "host" (memfd), "device" (CUDA device memory), or "auto" (device
+  // when this build has CUDA and a GPU is present). The CPU backend reads only "host".
+  std::string arena = "host";
+  int device = 0;
+  std::string device_mechanism = "auto";  // "auto", "cuda-vmm-fd", "cuda-ipc"
 };
 
 // One finished load, for metrics.

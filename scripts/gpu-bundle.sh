@@ -10,7 +10,8 @@ bins=$(ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
 import json, sys
 for t in json.load(sys.stdin)["tests"]:
     print(t["command"][0])')
-../shared/tools/device-bundle out/gpu $bins "$build/tests/linear_cuda_bench"
+../shared/tools/device-bundle out/gpu $bins "$build/tests/linear_cuda_bench" \
+  "$build/expertstore_svc/dsflash-expertstore" "$build/tools/dsflash" "$build/tools/expertstore_bench"
 git rev-parse --short HEAD > out/gpu/commit
 mkdir -p out/gpu/golden
 cp ../shared/golden/tiny_a.gguf out/gpu/golden/

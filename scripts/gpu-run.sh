@@ -5,6 +5,7 @@ cd "$(dirname "$0")/.."
 logs=${OUT:-out/gpu-logs}
 mkdir -p "$logs"
 export LD_LIBRARY_PATH=$PWD/out/gpu/lib DSF_GOLDEN_DIR=$PWD/out/gpu/golden
+export DSF_EXPERTSTORE_BIN=$PWD/out/gpu/bin/dsflash-expertstore
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$logs/gpu.txt" 2>&1
 rc=0
 for b in out/gpu/bin/*_test; do
@@ -14,4 +15,15 @@ for b in out/gpu/bin/*_test; do
 done
 # Benchmarks (not tests): rows for bench/results.csv.
 out/gpu/bin/linear_cuda_bench "$logs/bench.csv" "$(cat out/gpu/commit)" | tee "$logs/bench.log"
+# Expert store: hit path and miss path (host and device arenas) on the mid synthetic model
+# written to this machine's disk.
+if [[ ${DSF_SKIP_STORE_BENCH:-0} != 1 ]]; then
+  model=${DSF_BENCH_DIR:-/tmp}/mid.gguf
+  [[ -f $model ]] || out/gpu/bin/dsflash mkmodel --preset mid --out "$model" --no-progress >> "$logs/bench.log" 2>&1
+  for arena in host device; do
+    out/gpu/bin/expertstore_bench --model "$model" --label mid --store-bin "$DSF_EXPERTSTORE_BIN" --runs 5 \
+      --threads 4 --arena $arena --csv "$logs/bench.csv" >> "$logs/bench.log" 2>&1 || rc=1
+  done
+  tail -20 "$logs/bench.log"
+fi
 exit $rc

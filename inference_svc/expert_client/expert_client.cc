@@ -159,7 +159,7 @@ StatusOr<std::shared_ptr<ExpertClient::Session>> ExpertClient::open_session() {
   if (in.arena_mechanism() != "memfd") {
     return absl::UnimplementedError(absl::StrCat("this build's CPU backend cannot read a ", in.arena_mechanism(), " arena"));
   }
-  // The fds: [arena (read-only), slot table (read-only), lease table].
+  // The fds: [arena (read-only), slot table (read-only), lease table] for a memfd arena.
   ASSIGN_OR_RETURN(const int sock, ipc::connect_unix(in.fd_socket()));
   std::vector<int> fds;
   std::string reply;

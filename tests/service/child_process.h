@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -116,6 +117,12 @@ class ChildProcess {
   std::string log_;
 };
 
+// The store binary: $DSF_EXPERTSTORE_BIN (a bundle on the GPU machine), else this build's.
+inline std::string expertstore_bin() {
+  const char* e = std::getenv("DSF_EXPERTSTORE_BIN");
+  return e != nullptr && *e != '\0' ? e : DSF_EXPERTSTORE_BIN;
+}
+
 // The real dsflash-expertstore on a unix socket in `dir`, with a free metrics port.
 class StoreProcess {
  public:
@@ -127,7 +134,7 @@ class StoreProcess {
   }
   // (Re)starts on the same addresses; waits until it serves (or exits).
   bool start() {
-    std::vector<std::string> args = {DSF_EXPERTSTORE_BIN, "--model", model_, "--listen", sock_, "--budget", budget_,
+    std::vector<std::string> args = {expertstore_bin(), "--model", model_, "--listen", sock_, "--budget", budget_,
                                      "--metrics", "127.0.0.1:" + std::to_string(metrics_port_)};
     args.insert(args.end(), extra_.begin(), extra_.end());
     std::filesystem::remove(sock_.substr(5));
