@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the GPU tests here and bundles them (binaries, their shared libraries, the golden
-# model) into out/gpu for the H200 test machine, where scripts/gpu-run.sh runs them.
+# model, the store binaries and benchmarks) into out/gpu, stripped, and out/gpu.tar.xz (what
+# travels to the H200 test machine, where scripts/gpu-run.sh runs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh -DDSF_ENABLE_CUDA=ON
@@ -15,4 +16,7 @@ for t in json.load(sys.stdin)["tests"]:
 git rev-parse --short HEAD > out/gpu/commit
 mkdir -p out/gpu/golden
 cp ../shared/golden/tiny_a.gguf out/gpu/golden/
-echo "bundle: out/gpu ($(du -sh out/gpu | cut -f1)); carry it and run scripts/gpu-run.sh there"
+strip --strip-unneeded out/gpu/bin/* out/gpu/lib/* 2>/dev/null || true
+tar -C out -cJf out/gpu.tar.xz gpu
+echo "bundle: out/gpu ($(du -sh out/gpu | cut -f1)), out/gpu.tar.xz ($(du -sh out/gpu.tar.xz | cut -f1));"
+echo "carry out/gpu.tar.xz and run there: tar -C out -xJf out/gpu.tar.xz && scripts/gpu-run.sh"

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +24,7 @@ std::string shell_line(const char* cmd) {
 }
 
 std::string machine_name() {
+  if (const char* m = std::getenv("DSF_MACHINE"); m != nullptr && *m != '\0') return m;
   char host[128] = "unknown";
   ::gethostname(host, sizeof(host));
   return absl::StrCat(host, " (", kernels::cpu::n_threads(), " threads, ", shell_line("uname -m"), ")");
@@ -42,7 +44,9 @@ double percentile(std::vector<double> v, double p) {
 Status append_bench_rows(const std::string& csv, const std::string& benchmark, const std::string& configuration,
                          const std::vector<BenchRow>& rows, const std::string& machine) {
   const std::string date = shell_line("date -u +%Y-%m-%dT%H:%M:%SZ");
-  const std::string commit = shell_line("git rev-parse --short HEAD 2>/dev/null");
+  const char* env_commit = std::getenv("DSF_COMMIT");  // a bundle run outside the checkout
+  const std::string commit =
+      env_commit != nullptr && *env_commit != '\0' ? env_commit : shell_line("git rev-parse --short HEAD 2>/dev/null");
   const bool fresh = !std::ifstream(csv).good();
   std::ofstream out(csv, std::ios::app);
   if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot append to '", csv, "'"));
