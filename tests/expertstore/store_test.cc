@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <atomic>
 #include <fstream>
+#include <thread>
 
 #include "common/gguf/gguf.h"
 #include "expertstore_svc/local_source.h"
@@ -117,6 +119,72 @@ TEST(Store, ReadFailuresFailTheLoadNotTheStore) {
   EXPECT_NE(bad.status().message().find("m.gguf"), std::string::npos) << bad.status();
   EXPECT_TRUE((*store)->acquire(Store::kLocalSession, 0, 0).ok());  // still serving
   EXPECT_EQ((*store)->stats().load_failures, 1u);
+}
+
+// Expert tensors of an unexpected shape, or absent: a startup error naming the tensor.
+TEST(Store, RefusesMisshapenOrMissingExpertTensors) {
+  auto src = gguf::Model::open(golden_model());
+  ASSERT_TRUE(src.ok());
+  testing::TempDir dir;
+  for (const bool drop : {false, true}) {
+    gguf::Writer w;
+    for (const auto& [k, v] : (*src)->metadata()) w.set(k, v);
+    for (const gguf::TensorInfo& t : (*src)->tensors()) {
+      std::vector<uint64_t> ne = t.ne;
+      uint64_t bytes = t.n_bytes;
+      if (t.name == "blk.3.ffn_down_exps.weight") {
+        if (drop) continue;
+        ne[2] = 3;  // one expert short
+        bytes = t.n_bytes / 4 * 3;
+      }
+      const gguf::Model* m = src->get();
+      const gguf::TensorInfo* ti = &t;
+      ASSERT_TRUE(w.add_tensor(t.name, ne, t.type, [m, ti, bytes](uint8_t* dst, uint64_t n) {
+                     return n == bytes ? m->read(*ti, 0, dst, n) : absl::InternalError("size");
+                   }).ok());
+    }
+    const std::string path = dir.file(drop ? "dropped.gguf" : "misshapen.gguf");
+    ASSERT_TRUE(w.write(path).ok());
+    auto store = Store::open(path, StoreOptions{.budget_bytes = 64 << 20});
+    ASSERT_FALSE(store.ok()) << path;
+    EXPECT_NE(store.status().message().find("blk.3.ffn_down_exps"), std::string::npos) << store.status();
+  }
+}
+
+// The staging ring: aligned buffers, take blocks until one is given back, occupancy, and a
+// pinning failure is an error that says how to fix it.
+TEST(StagingRing, BuffersCirculateAndPinFailuresAreErrors) {
+  auto ring = StagingRing::create(2, 5000, nullptr);
+  ASSERT_TRUE(ring.ok());
+  EXPECT_EQ((*ring)->buffer_bytes(), 8192u);
+  uint8_t* a = (*ring)->take();
+  uint8_t* b = (*ring)->take();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % kDirectAlign, 0u);
+  EXPECT_NE(a, b);
+  EXPECT_EQ((*ring)->in_use(), 2u);
+  std::atomic<uint8_t*> got{nullptr};
+  std::thread waiter([&] { got = (*ring)->take(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(got.load(), nullptr);  // blocked: both buffers out
+  (*ring)->give(a);
+  waiter.join();
+  EXPECT_EQ(got.load(), a);
+  (*ring)->give(b);
+  (*ring)->give(a);
+  EXPECT_EQ((*ring)->in_use(), 0u);
+
+  struct Unpinnable : Arena {
+    std::string mechanism() const override { return "test"; }
+    uint64_t bytes() const override { return 0; }
+    int fd() const override { return -1; }
+    uint8_t* host_data() const override { return nullptr; }
+    Status copy_in(uint64_t, const uint8_t*, size_t) override { return absl::OkStatus(); }
+    Status pin(void*, size_t) override { return absl::ResourceExhaustedError("mlock refused"); }
+  };
+  Unpinnable arena;
+  auto refused = StagingRing::create(2, 5000, &arena);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--pin-staging=false"), std::string::npos) << refused.status();
 }
 
 TEST(Store, RefusesABudgetBelowOneLayersTopK) {

@@ -192,6 +192,9 @@ TEST(ExpertStoreService, RefusesOtherModelsAndBadRequests) {
     EXPECT_NE(m.find(name), std::string::npos) << name;
   }
   EXPECT_EQ(metric_value(m, "dsflash_expertstore_capacity_slots"), 24);
+  if (std::system("command -v promtool > /dev/null") != 0) GTEST_SKIP() << "promtool not installed";
+  write_all(dir.file("m.txt"), std::vector<uint8_t>(m.begin(), m.end()));
+  EXPECT_EQ(std::system(("promtool check metrics < " + dir.file("m.txt")).c_str()), 0);
 }
 
 TEST(ExpertStoreService, StartupErrorsAreClear) {
