@@ -55,6 +55,8 @@ StoreMetrics::StoreMetrics(const Store& store) : store_(store), registry_(std::m
   sessions_ = gauge(r, p + "sessions", "Open client sessions");
   ring_in_use_ = gauge(r, p + "staging_ring_in_use", "Staging buffers being filled or copied");
   ring_size_ = gauge(r, p + "staging_ring_buffers", "Staging buffers in the ring");
+  queued_demand_ = gauge(r, p + "queued_demand_loads", "Demand loads waiting for a reader");
+  queued_prefetch_ = gauge(r, p + "queued_prefetch_loads", "Prefetch loads waiting for a reader");
   prometheus::BuildGauge()
       .Name(p + "build_info")
       .Help("Build and configuration information")
@@ -97,6 +99,8 @@ void StoreMetrics::refresh() {
   sessions_->Set(s.sessions);
   ring_in_use_->Set(static_cast<double>(s.ring_in_use));
   ring_size_->Set(static_cast<double>(s.ring_size));
+  queued_demand_->Set(static_cast<double>(s.queued_demand));
+  queued_prefetch_->Set(static_cast<double>(s.queued_prefetch));
 }
 
 }  // namespace dsflash::expertstore

@@ -42,7 +42,7 @@ class StoreMetrics {
   prometheus::Family<prometheus::Counter>* acquires_;
   prometheus::Histogram *read_s_, *copy_s_, *queue_s_, *demand_load_s_, *prefetch_load_s_;
   prometheus::Gauge *resident_slots_, *resident_bytes_, *capacity_slots_, *capacity_bytes_, *leased_, *sessions_,
-      *ring_in_use_, *ring_size_;
+      *ring_in_use_, *ring_size_, *queued_demand_, *queued_prefetch_;
 };
 
 class ExpertStoreService final : public dsflash::v1::ExpertStore::CallbackService {

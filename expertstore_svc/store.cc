@@ -153,6 +153,8 @@ void Store::reader_loop() {
       q.pop_front();
     }
     LoadEvent ev;
+    ev.layer = job->layer;
+    ev.expert = job->expert;
     ev.demand = job->demand;
     ev.queue_s = seconds(job->queued, Clock::now());
     const bool resident = table_.resident_slot(job->layer, job->expert) != 0;
@@ -261,6 +263,8 @@ StoreStats Store::stats() const {
   for (uint32_t la = 0; la < cfg_.n_layer; ++la) {
     for (uint32_t e = 0; e < cfg_.n_expert; ++e) s.resident += table_.resident_slot(la, e) ? 1 : 0;
   }
+  s.queued_demand = demand_.size();
+  s.queued_prefetch = prefetch_.size();
   s.ring_in_use = ring_->in_use();
   s.ring_size = ring_->size();
   return s;

@@ -39,6 +39,7 @@ struct StoreOptions {
 
 // One finished load, for metrics.
 struct LoadEvent {
+  uint32_t layer = 0, expert = 0;
   bool ok = true, demand = true, evicted = false;
   absl::StatusCode code = absl::StatusCode::kOk;
   uint64_t bytes = 0;
@@ -49,6 +50,7 @@ struct StoreStats {
   uint64_t hits = 0, misses = 0, evictions = 0, loads = 0, load_failures = 0, bytes_read = 0, prefetches = 0;
   uint32_t slots = 0, resident = 0, leased = 0, sessions = 0;
   uint64_t ring_in_use = 0, ring_size = 0;
+  uint64_t queued_demand = 0, queued_prefetch = 0;  // loads waiting for a reader
 };
 
 class Store {

@@ -6,6 +6,8 @@
 
 #include <cstring>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <fstream>
 #include <thread>
 
@@ -119,6 +121,43 @@ TEST(Store, ReadFailuresFailTheLoadNotTheStore) {
   EXPECT_NE(bad.status().message().find("m.gguf"), std::string::npos) << bad.status();
   EXPECT_TRUE((*store)->acquire(Store::kLocalSession, 0, 0).ok());  // still serving
   EXPECT_EQ((*store)->stats().load_failures, 1u);
+}
+
+// Demand misses go before queued prefetches: with one reader held on its first load, 22
+// prefetches and then a demand are queued; the demand is the next load.
+TEST(Store, DemandMissesGoBeforePrefetches) {
+  auto store = Store::open(golden_model(), StoreOptions{.budget_bytes = 64 << 20, .reader_threads = 1});
+  ASSERT_TRUE(store.ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  bool hold = true;
+  std::vector<std::pair<uint32_t, bool>> order;  // (layer * 4 + expert, demand)
+  (*store)->set_load_observer([&](const LoadEvent& ev) {
+    std::unique_lock<std::mutex> l(mu);
+    order.emplace_back(ev.layer * 4 + ev.expert, ev.demand);
+    cv.notify_all();
+    cv.wait(l, [&] { return !hold; });
+  });
+  (*store)->prefetch(0, 0);
+  {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return !order.empty(); });  // the reader is now held inside load 1
+  }
+  for (uint32_t id = 1; id <= 22; ++id) (*store)->prefetch(id / 4, id % 4);
+  std::thread demand([&] { EXPECT_TRUE((*store)->acquire(Store::kLocalSession, 5, 3).ok()); });
+  while ((*store)->stats().queued_demand == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ((*store)->stats().queued_prefetch, 22u);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    hold = false;
+  }
+  cv.notify_all();
+  demand.join();
+  std::unique_lock<std::mutex> l(mu);  // the observer runs just after the waiter is woken
+  cv.wait_for(l, std::chrono::seconds(5), [&] { return order.size() >= 2; });
+  ASSERT_GE(order.size(), 2u);
+  EXPECT_EQ(order[0], std::make_pair(0u, false));
+  EXPECT_EQ(order[1], std::make_pair(23u, true));  // the demand jumped 22 prefetches
 }
 
 // Expert tensors of an unexpected shape, or absent: a startup error naming the tensor.
