@@ -27,6 +27,19 @@ namespace {
 std::atomic<int> g_signal{0};
 void on_signal(int sig) { g_signal = sig; }
 
+constexpr const char* kUsage =
+    "usage: dsflash-inference --model FILE.gguf [options]\n"
+    "  --model PATH            the GGUF file, or any shard of a split set\n"
+    "  --listen ADDR[,ADDR]    gRPC addresses (default 0.0.0.0:50051; unix:PATH ok)\n"
+    "  --metrics HOST:PORT     Prometheus endpoint (default 0.0.0.0:9100)\n"
+    "  --max-queue N           admission queue bound (default 16)\n"
+    "  --max-new-tokens N      default and cap of max_new_tokens (default 256)\n"
+    "  --grace-seconds S       drain time on SIGTERM before cutting streams (default 30)\n"
+    "  --prefill-chunk N       prompt tokens per model call (default 256)\n"
+    "  --load-rate-mbps R      cap the start-up read rate, e.g. to spare a shared NVMe (0 = none)\n"
+    "  --expert-store ADDR     routed experts from dsflash-expertstore, e.g.\n"
+    "                          unix:/tmp/dsflash-expertstore.sock (default: read in-process)\n";
+
 struct Flags {
   std::string model;
   std::string listen = "0.0.0.0:50051";
@@ -122,14 +135,14 @@ dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file
 int main(int argc, char** argv) {
   using namespace dsflash;
   Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+  }
   if (!parse_flags(argc, argv, &flags)) {
-    std::fprintf(stderr,
-                 "usage: dsflash-inference --model FILE.gguf [--listen ADDR[,ADDR]] (default 0.0.0.0:50051; unix:PATH ok)\n"
-                 "       [--metrics HOST:PORT] (default 0.0.0.0:9100) [--max-queue N] [--max-new-tokens N] "
-                 "[--grace-seconds S] [--prefill-chunk N]\n"
-                 "       [--load-rate-mbps R] (cap the start-up read rate, e.g. to spare a shared NVMe; 0 = none)\n"
-                 "       [--expert-store ADDR] (routed experts from dsflash-expertstore, e.g.\n"
-                 "                              unix:/tmp/dsflash-expertstore.sock; default: read in-process)\n");
+    std::fputs(kUsage, stderr);
     return 2;
   }
   std::signal(SIGTERM, on_signal);
