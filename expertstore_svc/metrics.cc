@@ -33,6 +33,8 @@ StoreMetrics::StoreMetrics(const Store& store) : store_(store), registry_(std::m
                    .Name(p + "files_rejected_total")
                    .Help("Shard reads refused at run time, by reason")
                    .Register(r);
+  for (const char* result : {"ok", "failed"}) loads_->Add({{"result", result}});
+  for (const char* reason : {"truncated_or_corrupt", "io_error"}) rejected_->Add({{"reason", reason}});
   acquires_ = &prometheus::BuildCounter().Name(p + "acquire_requests_total").Help("Acquire RPCs by gRPC status").Register(r);
   auto& stage = prometheus::BuildHistogram()
                     .Name(p + "load_stage_seconds")

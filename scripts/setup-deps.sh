@@ -8,6 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libicu-dev
   libgtest-dev libgmock-dev python3 prometheus curl
+  nodejs npm yamllint
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -6,5 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps.sh
 scripts/build.sh
+# The deploy/ checks' npm packages (Kubernetes schemas, a YAML parser), pinned by the lock file.
+if [[ ! -d tests/deploy/node_modules/kubernetes-models ]]; then
+  npm ci --prefix tests/deploy --no-audit --no-fund --loglevel=error
+fi
 build=${DSF_BUILD_DIR:-build}
 ctest --test-dir "$build" --output-on-failure -j "${DSF_JOBS:-$(nproc)}" "$@"

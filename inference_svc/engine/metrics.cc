@@ -26,6 +26,9 @@ Metrics::Metrics(const std::string& model_name) : registry_(std::make_shared<pro
   requests_ = &prometheus::BuildCounter().Name("llm_requests_total").Help("RPCs by method and gRPC status").Register(r);
   finished_ = &prometheus::BuildCounter().Name("llm_request_finished_total").Help("Generations by finish reason").Register(r);
   rejections_ = &prometheus::BuildCounter().Name("llm_admission_rejections_total").Help("Requests refused at admission").Register(r);
+  // Series that alerts and dashboards rate() exist from start-up, at 0.
+  for (const char* reason : {"queue_full", "draining"}) rejections_->Add({{"reason", reason}});
+  for (const char* reason : {"length", "eos", "stop_sequence", "stop_token"}) finished_->Add({{"reason", reason}});
   running = gauge(r, "llm_num_requests_running", "Requests being generated");
   waiting = gauge(r, "llm_num_requests_waiting", "Requests in the admission queue");
   queue_capacity = gauge(r, "llm_admission_queue_capacity", "Bound of the admission queue");
