@@ -174,7 +174,14 @@ void Store::reader_loop() {
       }
       job->cv.notify_all();
     }
-    if (!resident && on_load_) on_load_(ev);
+    if (!resident) {
+      std::shared_ptr<const std::function<void(const LoadEvent&)>> observer;
+      {
+        std::lock_guard<std::mutex> l(observer_mu_);
+        observer = on_load_;
+      }
+      if (observer && *observer) (*observer)(ev);
+    }
     if (!s.ok()) log::warn("expert store: %s", std::string(s.message()).c_str());
   }
 }

@@ -73,7 +73,11 @@ class Store {
   const ipc::SharedRegion& table_region() const { return table_mem_; }
   const ipc::SharedRegion& lease_region() const { return lease_mem_; }
   bool direct_io() const { return reader_->direct(); }
-  void set_load_observer(std::function<void(const LoadEvent&)> f) { on_load_ = std::move(f); }
+  // Called by the reader threads after each load (may be set while they run).
+  void set_load_observer(std::function<void(const LoadEvent&)> f) {
+    std::lock_guard<std::mutex> l(observer_mu_);
+    on_load_ = std::make_shared<const std::function<void(const LoadEvent&)>>(std::move(f));
+  }
 
   // Client sessions: an index into the lease table. ResourceExhausted when all are taken.
   StatusOr<uint32_t> open_session();
@@ -112,7 +116,8 @@ class Store {
   SlotTable table_;
   std::unique_ptr<StagingRing> ring_;
   std::unique_ptr<SliceReader> reader_;
-  std::function<void(const LoadEvent&)> on_load_;
+  std::mutex observer_mu_;
+  std::shared_ptr<const std::function<void(const LoadEvent&)>> on_load_;
   std::atomic<uint64_t> tick_{0};
 
   mutable std::mutex mu_;

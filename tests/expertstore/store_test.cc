@@ -126,12 +126,13 @@ TEST(Store, ReadFailuresFailTheLoadNotTheStore) {
 // Demand misses go before queued prefetches: with one reader held on its first load, 22
 // prefetches and then a demand are queued; the demand is the next load.
 TEST(Store, DemandMissesGoBeforePrefetches) {
-  auto store = Store::open(golden_model(), StoreOptions{.budget_bytes = 64 << 20, .reader_threads = 1});
-  ASSERT_TRUE(store.ok());
+  // Declared before the store: its reader calls the observer until the store is destroyed.
   std::mutex mu;
   std::condition_variable cv;
   bool hold = true;
   std::vector<std::pair<uint32_t, bool>> order;  // (layer * 4 + expert, demand)
+  auto store = Store::open(golden_model(), StoreOptions{.budget_bytes = 64 << 20, .reader_threads = 1});
+  ASSERT_TRUE(store.ok());
   (*store)->set_load_observer([&](const LoadEvent& ev) {
     std::unique_lock<std::mutex> l(mu);
     order.emplace_back(ev.layer * 4 + ev.expert, ev.demand);
