@@ -8,12 +8,14 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libicu-dev
   libgtest-dev libgmock-dev python3 prometheus curl
-  nodejs npm yamllint
+  nodejs yamllint
 )
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Debian's nodejs needs its npm package; a nodejs that bundles npm conflicts with it.
+command -v npm > /dev/null || missing+=(npm)
 if ((${#missing[@]})); then
   sudo=""
   [[ $(id -u) -eq 0 ]] || sudo="sudo"
