@@ -8,7 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libicu-dev
   libgtest-dev libgmock-dev python3 prometheus curl
-  nodejs yamllint
+  nodejs yamllint clang libclang-rt-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do
