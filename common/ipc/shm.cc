@@ -10,6 +10,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -87,35 +88,40 @@ StatusOr<int> reopen_read_only(int fd) {
   return ro;
 }
 
-StatusOr<int> listen_unix(const std::string& path) {
+namespace {
+
+// A socket and the address of `path` (callers close the socket on failure).
+StatusOr<std::pair<int, sockaddr_un>> unix_socket(const std::string& path) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return sys_error("socket(AF_UNIX)");
+  return std::make_pair(fd, addr);
+}
+
+}  // namespace
+
+StatusOr<int> listen_unix(const std::string& path) {
+  ASSIGN_OR_RETURN(auto s, unix_socket(path));
   ::unlink(path.c_str());
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 16) != 0) {
-    const Status s = absl::UnavailableError(absl::StrCat("bind/listen on ", path, ": ", std::strerror(errno)));
-    ::close(fd);
-    return s;
+  if (::bind(s.first, reinterpret_cast<sockaddr*>(&s.second), sizeof(s.second)) != 0 || ::listen(s.first, 16) != 0) {
+    const Status st = absl::UnavailableError(absl::StrCat("bind/listen on ", path, ": ", std::strerror(errno)));
+    ::close(s.first);
+    return st;
   }
-  return fd;
+  return s.first;
 }
 
 StatusOr<int> connect_unix(const std::string& path) {
-  sockaddr_un addr{};
-  if (path.size() >= sizeof(addr.sun_path)) return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", path));
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return sys_error("socket(AF_UNIX)");
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const Status s = absl::UnavailableError(absl::StrCat("connect to ", path, ": ", std::strerror(errno)));
-    ::close(fd);
-    return s;
+  ASSIGN_OR_RETURN(auto s, unix_socket(path));
+  if (::connect(s.first, reinterpret_cast<sockaddr*>(&s.second), sizeof(s.second)) != 0) {
+    const Status st = absl::UnavailableError(absl::StrCat("connect to ", path, ": ", std::strerror(errno)));
+    ::close(s.first);
+    return st;
   }
-  return fd;
+  return s.first;
 }
 
 Status send_fds(int sock, const std::vector<int>& fds, const std::string& payload) {

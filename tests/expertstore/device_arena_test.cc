@@ -13,7 +13,7 @@
 #include "expertstore_svc/store.h"
 #include "gtest/gtest.h"
 #include "kernels/exec.h"
-#include "tests/service/child_process.h"
+#include "tests/service/server_process.h"
 
 namespace dsflash::testing {
 namespace {

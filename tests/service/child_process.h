@@ -1,8 +1,12 @@
 // Test harness: a real child process (fork + exec) with its stderr in a log file, stopped
-// with SIGTERM (then SIGKILL) or killed with SIGKILL; and the expert store process on top.
+// with SIGTERM (then SIGKILL) or killed with SIGKILL; the expert store process on top of it;
+// loopback helpers (a free port, an HTTP GET, a metric's value).
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,10 +22,56 @@
 
 #include "dsflash/v1/expertstore.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "tests/service/server_process.h"
 #include "tests/test_util.h"
 
 namespace dsflash::testing {
+
+inline int free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// GET http://127.0.0.1:port/path; returns the body ("" on failure).
+inline std::string http_get(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  (void)!::write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const size_t body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+// Value of an unlabelled metric line "name value", or -1.
+inline double metric_value(const std::string& text, const std::string& name) {
+  size_t at = 0;
+  while ((at = text.find(name, at)) != std::string::npos) {
+    if ((at == 0 || text[at - 1] == '\n') && (text[at + name.size()] == ' ' || text[at + name.size()] == '{')) {
+      const size_t sp = text.find(' ', at);
+      return std::stod(text.substr(sp + 1, text.find('\n', sp) - sp - 1));
+    }
+    at += name.size();
+  }
+  return -1;
+}
 
 class ChildProcess {
  public:
@@ -116,6 +166,10 @@ class ChildProcess {
   int out_ = -1;
   std::string log_;
 };
+
+#ifndef DSF_EXPERTSTORE_BIN
+#define DSF_EXPERTSTORE_BIN ""  // a test that does not run the store
+#endif
 
 // The store binary: $DSF_EXPERTSTORE_BIN (a bundle on the GPU machine), else this build's.
 inline std::string expertstore_bin() {

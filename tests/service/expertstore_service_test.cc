@@ -13,7 +13,7 @@
 #include "inference_svc/expert_client/expert_client.h"
 #include "inference_svc/model/model.h"
 #include "tests/golden_data.h"
-#include "tests/service/child_process.h"
+#include "tests/service/server_process.h"
 
 namespace dsflash::testing {
 namespace {

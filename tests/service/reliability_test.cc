@@ -13,7 +13,7 @@
 #include <set>
 
 #include "gtest/gtest.h"
-#include "tests/service/child_process.h"
+#include "tests/service/server_process.h"
 
 namespace dsflash::testing {
 namespace {

@@ -21,57 +21,11 @@
 #include "dsflash/v1/inference.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "tests/service/child_process.h"
 #include "tests/test_util.h"
 #include "tools/dsflash/synth_model.h"
 
 namespace dsflash::testing {
-
-inline int free_tcp_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-// GET http://127.0.0.1:port/path; returns the body ("" on failure).
-inline std::string http_get(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)!::write(fd, req.data(), req.size());
-  std::string resp;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof(buf))) > 0) resp.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  const size_t body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
-
-// Value of an unlabelled metric line "name value", or -1.
-inline double metric_value(const std::string& text, const std::string& name) {
-  size_t at = 0;
-  while ((at = text.find(name, at)) != std::string::npos) {
-    if ((at == 0 || text[at - 1] == '\n') && (text[at + name.size()] == ' ' || text[at + name.size()] == '{')) {
-      const size_t sp = text.find(' ', at);
-      return std::stod(text.substr(sp + 1, text.find('\n', sp) - sp - 1));
-    }
-    at += name.size();
-  }
-  return -1;
-}
 
 class ServerProcess {
  public:
@@ -91,17 +45,7 @@ class ServerProcess {
     std::vector<std::string> args = {DSF_INFERENCE_BIN, "--model", model_, "--listen", sock_,
                                      "--metrics", "127.0.0.1:" + std::to_string(metrics_port_)};
     args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      const std::string log = dir_.file("server.log");
-      FILE* f = std::freopen(log.c_str(), "w", stderr);
-      (void)f;
-      ::execv(argv[0], argv.data());
-      _exit(127);
-    }
+    proc_.start(args, dir_.file("server.log"));
     // The socket appears once the model is loaded; connecting earlier would only start gRPC's
     // reconnect backoff (seconds).
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -114,6 +58,8 @@ class ServerProcess {
     if (wait_ready) ready_ = this->wait_ready(std::chrono::seconds(30));
   }
   ~ServerProcess() { stop(); }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
 
   bool ready() const { return ready_; }
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
@@ -138,34 +84,17 @@ class ServerProcess {
   grpc::health::v1::Health::Stub& health() { return *health_; }
   std::string metrics() const { return http_get(metrics_port_, "/metrics"); }
   const std::string& model_path() const { return model_; }
-  pid_t pid() const { return pid_; }
-  std::string log() const { return std::string(reinterpret_cast<const char*>(read_all(dir_.file("server.log")).data()), read_all(dir_.file("server.log")).size()); }
+  pid_t pid() const { return proc_.pid(); }
+  std::string log() const { return proc_.log(); }
 
   // Sends SIGTERM and waits; returns the exit status (or -1 if it had to be killed).
-  int stop(std::chrono::seconds wait = std::chrono::seconds(20)) {
-    if (pid_ <= 0) return exit_code_;
-    ::kill(pid_, SIGTERM);
-    const auto until = std::chrono::steady_clock::now() + wait;
-    int status = 0;
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        pid_ = -1;
-        return exit_code_ = -1;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    pid_ = -1;
-    return exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
+  int stop(std::chrono::seconds wait = std::chrono::seconds(20)) { return proc_.stop(wait); }
 
  private:
   TempDir dir_;
   std::string model_, sock_;
   int metrics_port_ = 0;
-  pid_t pid_ = -1;
-  int exit_code_ = 0;
+  ChildProcess proc_;
   bool ready_ = false;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<dsflash::v1::Inference::Stub> stub_;
