@@ -157,8 +157,9 @@ class Builder {
   Builder(gguf::Writer& w, const SynthOptions& o, uint32_t threads) : w_(w), o_(o), threads_(threads) {}
   // A weight matrix with fan-in ne[0]: std 1/sqrt(fan_in) keeps activations O(1).
   void matrix(const std::string& name, std::vector<uint64_t> ne, GgmlType t, float gain = 1.0f) {
-    const float std = gain / std::sqrt(static_cast<float>(ne[0]));
-    add(name, std::move(ne), fit(t, ne[0]), Init{0.0f, std});
+    const uint64_t fan_in = ne[0];  // read before ne is moved (argument order is unspecified)
+    const float std = gain / std::sqrt(static_cast<float>(fan_in));
+    add(name, std::move(ne), fit(t, fan_in), Init{0.0f, std});
   }
   void vec(const std::string& name, std::vector<uint64_t> ne, Init init, GgmlType t = GgmlType::kF32) {
     add(name, std::move(ne), t, init);
