@@ -416,6 +416,36 @@ void read_hparams(Keys& k, const gguf::Model& m, ModelConfig& c) {
   c.compress_ratios = k.ints<int>("attention.compress_ratios");
 }
 
+// Upper bounds far above any V4.1 variant (the released model has 43 layers, 256 experts,
+// width 7168-class): a hostile file cannot make the loader loop or allocate without bound.
+std::vector<std::string> check_limits(const ModelConfig& c) {
+  std::vector<std::string> p;
+  auto limit = [&](uint64_t v, uint64_t max, const char* key) {
+    if (v > max) p.push_back(absl::StrCat(key, " = ", v, " exceeds the limit ", max));
+  };
+  limit(c.n_layer, 1024, "block_count");
+  limit(c.n_expert, 1 << 16, "expert_count");
+  limit(c.n_expert_used, 1 << 10, "expert_used_count");
+  limit(c.n_embd, 1 << 17, "embedding_length");
+  limit(c.n_head, 1 << 12, "attention.head_count");
+  limit(c.head_dim, 1 << 12, "attention.key_length");
+  limit(c.n_ctx, 1 << 24, "context_length");
+  limit(c.n_vocab, 1 << 22, "vocab_size");
+  limit(c.expert_ffn, 1 << 18, "expert_feed_forward_length");
+  limit(c.n_expert_shared, 64, "expert_shared_count");
+  limit(c.q_lora_rank, 1 << 16, "attention.q_lora_rank");
+  limit(c.o_groups, 1 << 12, "attention.output_group_count");
+  limit(c.o_lora_rank, 1 << 16, "attention.output_lora_rank");
+  limit(c.window, 1 << 20, "attention.sliding_window");
+  limit(c.n_index_head, 1 << 12, "attention.indexer.head_count");
+  limit(c.index_head_dim, 1 << 12, "attention.indexer.key_length");
+  limit(c.index_topk, 1 << 20, "attention.indexer.top_k");
+  limit(c.hc_mult, 64, "hyper_connection.count");
+  limit(c.hc_sinkhorn_iters, 1 << 12, "hyper_connection.sinkhorn_iterations");
+  limit(c.yarn_orig_ctx, 1 << 24, "rope.scaling.original_context_length");
+  return p;
+}
+
 // Plausibility of the hyperparameters and the Engram constants; every problem is listed.
 std::vector<std::string> check_hparams(const ModelConfig& c) {
   std::vector<std::string> p;
@@ -444,6 +474,9 @@ StatusOr<ModelConfig> from_gguf(const gguf::Model& m) {
   if (const gguf::Value* n = m.find("general.name"); n && n->as_string()) c.name = *n->as_string();
   Keys k(m);
   read_hparams(k, m, c);
+  if (auto over = check_limits(c); !over.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("'", m.path(), "' is not a usable DeepSeek-V4.1 file: ", absl::StrJoin(over, "; ")));
+  }
   read_schedule(k, m, c);
   read_engram(k, m, c);
   if (!k.problems.empty()) {
