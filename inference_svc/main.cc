@@ -130,6 +130,48 @@ dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file
   return out;
 }
 
+// With --expert-store the routed experts come from the store process; the session is kept
+// (and re-established) in the background and readiness follows it.
+dsflash::StatusOr<std::unique_ptr<dsflash::expertclient::ExpertClient>> connect_store(const Flags& flags,
+                                                                                      const dsflash::gguf::Model& file,
+                                                                                      dsflash::engine::Metrics& metrics) {
+  using namespace dsflash;
+  ASSIGN_OR_RETURN(const config::ModelConfig cfg, config::from_gguf(file));
+  ASSIGN_OR_RETURN(const std::string fp, file.fingerprint("_exps."));
+  auto c = std::make_unique<expertclient::ExpertClient>(
+      expertclient::ClientOptions{.address = flags.expert_store, .model_fingerprint = fp}, cfg);
+  c->set_observer([&metrics](bool hit, double s) { metrics.expert_fetch(hit)->Observe(s); });
+  return c;
+}
+
+// Serves until SIGTERM/SIGINT with readiness = loaded and (with a store) its session up;
+// then drains: readiness off, no admissions, in-flight requests get --grace-seconds to
+// finish, the rest are cut with UNAVAILABLE.
+void serve_until_signal(const Flags& flags, dsflash::engine::Engine& eng, dsflash::expertclient::ExpertClient* client,
+                        grpc::HealthCheckServiceInterface& health, dsflash::engine::Metrics& metrics) {
+  bool ready = false;
+  while (g_signal == 0) {
+    const bool up = client == nullptr || client->connected();
+    metrics.store_up->Set(up ? 1 : 0);
+    if (up != ready) {
+      ready = up;
+      health.SetServingStatus("dsflash.v1.Inference", ready);
+      dsflash::log::info("readiness: %s", ready ? "SERVING" : "NOT_SERVING (expert store down)");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  dsflash::log::info("signal %d: draining (grace %d s, %zu request(s) in flight)", g_signal.load(), flags.grace_seconds,
+                     eng.in_flight());
+  eng.drain();
+  health.SetServingStatus("dsflash.v1.Inference", false);
+  metrics.model_loaded->Set(0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(flags.grace_seconds);
+  while (eng.in_flight() > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (eng.in_flight() > 0) eng.abort_all(absl::UnavailableError("the server is shutting down"));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -180,22 +222,16 @@ int main(int argc, char** argv) {
   log::info("listening on %s (not ready: loading %s, %.1f MiB in %zu file(s)); metrics on %s/metrics", flags.listen,
             flags.model, (*file)->total_bytes() / 1048576.0, (*file)->n_shards(), flags.metrics);
 
-  // With --expert-store the routed experts come from the store process; the session is kept
-  // (and re-established) in the background and readiness follows it.
   std::unique_ptr<model::ExpertSource> experts;
   expertclient::ExpertClient* client = nullptr;
   if (!flags.expert_store.empty()) {
-    auto cfg = config::from_gguf(**file);
-    auto fp = (*file)->fingerprint("_exps.");
-    if (!cfg.ok() || !fp.ok()) {
-      log::error("%s", std::string((!cfg.ok() ? cfg.status() : fp.status()).message()));
+    auto c = connect_store(flags, **file, metrics);
+    if (!c.ok()) {
+      log::error("%s", std::string(c.status().message()));
       return 1;
     }
-    auto c = std::make_unique<expertclient::ExpertClient>(
-        expertclient::ClientOptions{.address = flags.expert_store, .model_fingerprint = *fp}, *cfg);
-    c->set_observer([&metrics](bool hit, double s) { metrics.expert_fetch(hit)->Observe(s); });
-    client = c.get();
-    experts = std::move(c);
+    client = c->get();
+    experts = std::move(*c);
   }
   auto loaded = load(**file, metrics, flags.load_rate_mbps, std::move(experts));
   if (!loaded.ok()) {
@@ -215,28 +251,7 @@ int main(int argc, char** argv) {
   metrics.model_loaded->Set(1);
   log::info("loaded: serving dsflash.v1.Inference%s", client ? " (ready once the expert store session is up)" : "");
 
-  // Readiness: loaded, not draining, and (with a store) its session up.
-  bool ready = false;
-  while (g_signal == 0) {
-    const bool up = client == nullptr || client->connected();
-    metrics.store_up->Set(up ? 1 : 0);
-    if (up != ready) {
-      ready = up;
-      health->SetServingStatus("dsflash.v1.Inference", ready);
-      log::info("readiness: %s", ready ? "SERVING" : "NOT_SERVING (expert store down)");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  log::info("signal %d: draining (grace %d s, %zu request(s) in flight)", g_signal.load(), flags.grace_seconds,
-            eng.in_flight());
-  eng.drain();
-  health->SetServingStatus("dsflash.v1.Inference", false);
-  metrics.model_loaded->Set(0);
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(flags.grace_seconds);
-  while (eng.in_flight() > 0 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  if (eng.in_flight() > 0) eng.abort_all(absl::UnavailableError("the server is shutting down"));
+  serve_until_signal(flags, eng, client, *health, metrics);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   log::info("stopped");
   return 0;
