@@ -133,7 +133,9 @@ TEST(Load, EveryRequestEndsOnceAndMemoryReturnsToBaseline) {
   }
   EXPECT_GT(ok, 0);
   EXPECT_GT(rejected, 0);  // the load exceeded the admission bound
-  if (!kAsan) EXPECT_LT(last - baseline, 32 * 1024) << "RSS grew from " << baseline << " kB to " << last << " kB";
+  if (!kAsan) {
+    EXPECT_LT(last - baseline, 32 * 1024) << "RSS grew from " << baseline << " kB to " << last << " kB";
+  }
   std::printf("REPORT load: %d rounds x %d concurrent requests (streams and unary, admission bound 1 running + 4 queued): "
               "%d completed, %d RESOURCE_EXHAUSTED with push-back, 0 lost or duplicated; server RSS %ld kB after "
               "warm-up, %ld kB after the last round\n",
