@@ -50,6 +50,9 @@ rel_line=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log/reliability.log" | head -2 |
     echo "| \`$t\` | $what | ${line#*: } |"
   done < "${DSF_FUZZ_OUT:-out/fuzz}/summary.txt"
   echo
+  echo "Reproducers kept (each a crash, hang or sanitizer report that was fixed):"
+  find tests/fuzz/regressions -type f ! -name .keep | sort | sed 's/^/- `/; s/$/`/'
+  echo
   echo "## Load and faults (real processes, tiny model, loopback)"
   echo
   echo "\`tests/service/reliability_test\`: $rel_line"
