@@ -1,0 +1,17 @@
+// The CUDA element-wise ops in a build without the CUDA backend.
+#include "kernels/norm/norm_cuda.h"
+#include "kernels/rope/rope_cuda.h"
+
+namespace dsflash::kernels {
+
+Status rms_norm_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_t, float, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+
+namespace rope {
+Status apply_cuda(const ExecCtx&, const float*, int, float*, int64_t, int64_t, int64_t, int64_t, bool) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+}  // namespace rope
+
+}  // namespace dsflash::kernels

@@ -1,0 +1,47 @@
+// RMSNorm kernel (see norm_cuda.h).
+#include <cuda_bf16.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_util.cuh"
+#include "kernels/norm/norm_cuda.h"
+
+namespace dsflash::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n, float eps,
+                                float* __restrict__ y) {
+  const float* xr = x + blockIdx.x * n;
+  float* yr = y + blockIdx.x * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) ss = fmaf(xr[i], xr[i], ss);
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  __shared__ float part[kThreads / 32];
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) part[0] = v;
+  }
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(part[0] / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    yr[i] = __bfloat162float(__float2bfloat16_rn(w[i] * (xr[i] * inv)));
+  }
+}
+
+}  // namespace
+
+Status rms_norm_cuda(const ExecCtx& ctx, const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y) {
+  if (n_rows <= 0 || n <= 0) return absl::OkStatus();
+  if (n_rows > 0x7fffffff) return absl::InvalidArgumentError(absl::StrCat("rms_norm_cuda: ", n_rows, " rows"));
+  RETURN_IF_ERROR(cuda::launch(rms_norm_kernel,
+                               cuda::LaunchParams{dim3(static_cast<unsigned>(n_rows)), dim3(kThreads), 0,
+                                                  static_cast<cudaStream_t>(ctx.cuda_stream)},
+                               x, w, n, eps, y));
+  return absl::OkStatus();
+}
+
+}  // namespace dsflash::kernels

@@ -1,0 +1,40 @@
+// Rotary embedding kernel (see rope_cuda.h): one thread per rotated pair.
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/cuda_util.cuh"
+#include "kernels/rope/rope_cuda.h"
+
+namespace dsflash::kernels::rope {
+namespace {
+
+__global__ void rope_kernel(const float* __restrict__ freqs, int half, float* __restrict__ v, int64_t n_rows,
+                            int64_t len, int64_t pos0, int64_t rows_per_pos, bool inverse) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n_rows * half) return;
+  const int64_t row = k / half;
+  const int i = static_cast<int>(k % half);
+  float* tail = v + row * len + (len - 2 * half);
+  const float a = static_cast<float>(pos0 + row / rows_per_pos) * freqs[i];
+  float s, c;
+  sincosf(a, &s, &c);
+  if (inverse) s = -s;
+  const float re = tail[2 * i], im = tail[2 * i + 1];
+  tail[2 * i] = __bfloat162float(__float2bfloat16_rn(re * c - im * s));
+  tail[2 * i + 1] = __bfloat162float(__float2bfloat16_rn(re * s + im * c));
+}
+
+}  // namespace
+
+Status apply_cuda(const ExecCtx& ctx, const float* freqs, int dims, float* v, int64_t n_rows, int64_t len, int64_t pos0,
+                  int64_t rows_per_pos, bool inverse) {
+  if (dims <= 0 || dims % 2 != 0 || dims > len || rows_per_pos <= 0) {
+    return absl::InvalidArgumentError("rope::apply_cuda: dims must be even, positive and <= len; rows_per_pos > 0");
+  }
+  const int64_t pairs = n_rows * (dims / 2);
+  if (pairs <= 0) return absl::OkStatus();
+  const unsigned blocks = static_cast<unsigned>((pairs + 255) / 256);
+  return cuda::launch(rope_kernel, cuda::LaunchParams{dim3(blocks), dim3(256), 0, static_cast<cudaStream_t>(ctx.cuda_stream)},
+                      freqs, dims / 2, v, n_rows, len, pos0, rows_per_pos, inverse);
+}
+
+}  // namespace dsflash::kernels::rope

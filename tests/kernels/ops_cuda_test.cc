@@ -1,0 +1,153 @@
+// CUDA element-wise ops against the CPU backend (label gpu; skipped without a GPU): RMSNorm
+// and RoPE on fresh random inputs at odd and released sizes and on the golden model's norm
+// weights and rope table, outputs poisoned with NaN before each run. Summation order (norm)
+// and sincosf (rope) may move a result by one bf16 ulp; the test reports how many values
+// agree bit for bit and fails on anything further apart.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "common/config/config.h"
+#include "common/gguf/gguf.h"
+#include "common/quant/numeric.h"
+#include "gtest/gtest.h"
+#include "common/quant/quant.h"
+#include "kernels/norm/norm.h"
+#include "kernels/norm/norm_cuda.h"
+#include "kernels/rope/rope.h"
+#include "kernels/rope/rope_cuda.h"
+#include "tests/test_util.h"
+
+namespace dsflash::kernels {
+namespace {
+
+template <typename T>
+T* to_device(const std::vector<T>& v) {
+  T* d = nullptr;
+  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T)), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  return d;
+}
+
+std::vector<float> to_host(const float* d, size_t n) {
+  std::vector<float> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+// Within one bf16 ulp; counts exact matches into *exact.
+void expect_close(const std::vector<float>& want, const std::vector<float>& got, size_t* exact, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_FALSE(std::isnan(got[i])) << what << " [" << i << "] not written";
+    if (want[i] == got[i]) {
+      ++*exact;
+      continue;
+    }
+    const float m = std::max(std::fabs(want[i]), std::fabs(got[i]));
+    const float ulp = std::ldexp(1.0f, std::ilogb(m) - 7);
+    ASSERT_LE(std::fabs(want[i] - got[i]), ulp) << what << " [" << i << "]: " << want[i] << " vs " << got[i];
+  }
+}
+
+class OpsCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+  }
+  void TearDown() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  ExecCtx ctx() const { return ExecCtx{Backend::kCuda, stream_}; }
+  cudaStream_t stream_ = nullptr;
+};
+
+void check_norm(const ExecCtx& ctx, const std::vector<float>& x, const std::vector<float>& w, int64_t rows, float eps,
+                size_t* exact, size_t* total, const std::string& what) {
+  const int64_t n = static_cast<int64_t>(w.size());
+  std::vector<float> want(x.size());
+  rms_norm(x.data(), w.data(), rows, n, eps, want.data());
+  float *dx = to_device(x), *dw = to_device(w), *dy = to_device(std::vector<float>(x.size(), std::nanf("")));
+  ASSERT_TRUE(rms_norm_cuda(ctx, dx, dw, rows, n, eps, dy).ok());
+  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.cuda_stream)), cudaSuccess);
+  expect_close(want, to_host(dy, x.size()), exact, what);
+  *total += x.size();
+  cudaFree(dx), cudaFree(dw), cudaFree(dy);
+}
+
+TEST_F(OpsCuda, RmsNormMatchesCpuOnRandomInputs) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  size_t exact = 0, total = 0;
+  for (int64_t n : {1, 17, 31, 257, 4096, 7168}) {
+    for (int64_t rows : {1, 5}) {
+      for (float scale : {1e-3f, 1.0f, 300.0f}) {
+        std::vector<float> x(static_cast<size_t>(rows * n)), w(static_cast<size_t>(n));
+        for (float& v : x) v = quant::round_bf16(nd(rng) * scale);
+        for (float& v : w) v = 1.0f + 0.1f * nd(rng);
+        check_norm(ctx(), x, w, rows, 1e-6f, &exact, &total, "n=" + std::to_string(n));
+      }
+    }
+  }
+  std::printf("rms_norm: %zu of %zu values bit-exact, the rest within one bf16 ulp\n", exact, total);
+}
+
+TEST_F(OpsCuda, RmsNormMatchesCpuOnTheGoldenWeights) {
+  auto file = gguf::Model::open(testing::golden_dir() + "/tiny_a.gguf");
+  ASSERT_TRUE(file.ok());
+  auto cfg = config::from_gguf(**file);
+  ASSERT_TRUE(cfg.ok());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  size_t exact = 0, total = 0;
+  for (uint32_t l = 0; l < cfg->n_layer; ++l) {
+    const gguf::TensorInfo* t = (*file)->find_tensor("blk." + std::to_string(l) + ".attn_norm.weight");
+    ASSERT_NE(t, nullptr);
+    std::vector<uint8_t> raw(t->n_bytes);
+    ASSERT_TRUE((*file)->read(*t, 0, raw.data(), raw.size()).ok());
+    std::vector<float> w(t->n_elems);
+    ASSERT_TRUE(quant::decode_row(t->type, raw.data(), w.data(), static_cast<int64_t>(t->n_elems)).ok());
+    std::vector<float> x(w.size() * 7);
+    for (float& v : x) v = quant::round_bf16(nd(rng));
+    check_norm(ctx(), x, w, 7, cfg->norm_eps, &exact, &total, "layer " + std::to_string(l));
+  }
+  std::printf("rms_norm (golden weights, eps %g): %zu of %zu values bit-exact\n", cfg->norm_eps, exact, total);
+}
+
+TEST_F(OpsCuda, RopeMatchesCpu) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  size_t exact = 0, total = 0;
+  for (auto [dims, yarn] : {std::pair{2, false}, {64, false}, {64, true}, {128, true}}) {
+    const rope::Table t = yarn ? rope::make_table(dims, 160000.0f, 65536, 16.0f, 32.0f, 1.0f)
+                               : rope::make_table(dims, 10000.0f, 0, 1.0f, 32.0f, 1.0f);
+    float* df = to_device(t.freqs);
+    for (int64_t len : {int64_t{dims}, int64_t{512}}) {
+      for (auto [rows, per] : {std::pair<int64_t, int64_t>{1, 1}, {17, 1}, {16, 4}}) {
+        for (int64_t pos0 : {0, 1000, 65535}) {
+          for (bool inverse : {false, true}) {
+            std::vector<float> v(static_cast<size_t>(rows * len));
+            for (float& x : v) x = quant::round_bf16(nd(rng));
+            std::vector<float> want = v;
+            for (int64_t r = 0; r < rows; ++r) rope::apply(t, want.data() + r * len, len, pos0 + r / per, inverse);
+            float* dv = to_device(v);
+            ASSERT_TRUE(rope::apply_cuda(ctx(), df, dims, dv, rows, len, pos0, per, inverse).ok());
+            ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+            expect_close(want, to_host(dv, v.size()), &exact, "rope dims " + std::to_string(dims));
+            total += v.size();
+            cudaFree(dv);
+          }
+        }
+      }
+    }
+    cudaFree(df);
+  }
+  std::printf("rope: %zu of %zu values bit-exact, the rest within one bf16 ulp\n", exact, total);
+  EXPECT_FALSE(rope::apply_cuda(ctx(), nullptr, 3, nullptr, 1, 8, 0, 1).ok());  // odd dims refused
+}
+
+}  // namespace
+}  // namespace dsflash::kernels
