@@ -1,5 +1,6 @@
 // The CUDA element-wise ops in a build without the CUDA backend.
 #include "kernels/norm/norm_cuda.h"
+#include "kernels/qdq/qdq_cuda.h"
 #include "kernels/rope/rope_cuda.h"
 
 namespace dsflash::kernels {
@@ -7,6 +8,18 @@ namespace dsflash::kernels {
 Status rms_norm_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_t, float, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
+
+namespace qdq {
+Status fp8_e8m0_32_cuda(const ExecCtx&, float*, int64_t) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status fp4_e4m3_16_cuda(const ExecCtx&, float*, int64_t) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status fp4_e8m0_32_cuda(const ExecCtx&, float*, int64_t) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+}  // namespace qdq
 
 namespace rope {
 Status apply_cuda(const ExecCtx&, const float*, int, float*, int64_t, int64_t, int64_t, int64_t, bool) {

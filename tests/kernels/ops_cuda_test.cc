@@ -16,6 +16,8 @@
 #include "common/quant/quant.h"
 #include "kernels/norm/norm.h"
 #include "kernels/norm/norm_cuda.h"
+#include "kernels/qdq/qdq.h"
+#include "kernels/qdq/qdq_cuda.h"
 #include "kernels/rope/rope.h"
 #include "kernels/rope/rope_cuda.h"
 #include "tests/test_util.h"
@@ -147,6 +149,44 @@ TEST_F(OpsCuda, RopeMatchesCpu) {
   }
   std::printf("rope: %zu of %zu values bit-exact, the rest within one bf16 ulp\n", exact, total);
   EXPECT_FALSE(rope::apply_cuda(ctx(), nullptr, 3, nullptr, 1, 8, 0, 1).ok());  // odd dims refused
+}
+
+// The three QDQ points are bit-exact: random blocks at many scales, including all-zero
+// blocks, tiny and saturating values, and the released window/compressed/indexer sizes.
+TEST_F(OpsCuda, QdqIsBitExact) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ex(-30.0f, 12.0f);
+  using CpuFn = void (*)(float*, int64_t);
+  using GpuFn = Status (*)(const ExecCtx&, float*, int64_t);
+  const std::tuple<const char*, CpuFn, GpuFn, int64_t> kinds[] = {
+      {"fp8_e8m0_32", qdq::fp8_e8m0_32, qdq::fp8_e8m0_32_cuda, 32},
+      {"fp4_e4m3_16", qdq::fp4_e4m3_16, qdq::fp4_e4m3_16_cuda, 16},
+      {"fp4_e8m0_32", qdq::fp4_e8m0_32, qdq::fp4_e8m0_32_cuda, 32}};
+  for (const auto& [name, cpu, gpu, block] : kinds) {
+    size_t total = 0;
+    for (int64_t n : {block, block * 17, int64_t{512}, int64_t{128 * 64}, int64_t{7168}}) {
+      std::vector<float> v(static_cast<size_t>(n));
+      for (int64_t b = 0; b < n; b += block) {
+        const float scale = std::exp2(ex(rng));
+        const bool zero = rng() % 11 == 0;
+        for (int64_t i = b; i < b + block; ++i) v[i] = zero ? 0.0f : quant::round_bf16(nd(rng) * scale);
+      }
+      std::vector<float> want = v;
+      cpu(want.data(), n);
+      float* dv = to_device(v);
+      ASSERT_TRUE(gpu(ctx(), dv, n).ok());
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      const std::vector<float> got = to_host(dv, v.size());
+      for (size_t i = 0; i < v.size(); ++i) {
+        ASSERT_EQ(quant::f32_bits(want[i]), quant::f32_bits(got[i])) << name << " n=" << n << " [" << i << "] input " << v[i];
+      }
+      total += v.size();
+      cudaFree(dv);
+    }
+    EXPECT_FALSE(gpu(ctx(), nullptr, block + 1).ok());  // not whole blocks
+    std::printf("%s: %zu of %zu values bit-exact\n", name, total, total);
+  }
 }
 
 }  // namespace
