@@ -23,9 +23,11 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 
 echo "== TSan build of the concurrency tests ($tsan)"
 cmake -S . -B "$tsan" "${common[@]}" -DDSF_SANITIZE_THREAD=ON > /dev/null
+# dsf_test names each test after its executable target (the tree is not built yet, so ctest
+# does not know the commands).
 targets=$(ctest --test-dir "$tsan" -L concurrency --show-only=json-v1 | python3 -c '
-import json, sys, os
-print(" ".join(sorted({os.path.basename(t["command"][0]) for t in json.load(sys.stdin)["tests"]})))')
+import json, sys
+print(" ".join(sorted({t["name"] for t in json.load(sys.stdin)["tests"]})))')
 cmake --build "$tsan" -j "$jobs" --target $targets
 echo "== TSan: $targets"
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 ctest --test-dir "$tsan" --output-on-failure -j "$jobs" -L concurrency
