@@ -15,6 +15,8 @@
 #include "gtest/gtest.h"
 #include "common/quant/quant.h"
 #include "kernels/norm/norm.h"
+#include "kernels/hc/hc.h"
+#include "kernels/hc/hc_cuda.h"
 #include "kernels/norm/norm_cuda.h"
 #include "kernels/qdq/qdq.h"
 #include "kernels/qdq/qdq_cuda.h"
@@ -149,6 +151,75 @@ TEST_F(OpsCuda, RopeMatchesCpu) {
   }
   std::printf("rope: %zu of %zu values bit-exact, the rest within one bf16 ulp\n", exact, total);
   EXPECT_FALSE(rope::apply_cuda(ctx(), nullptr, 3, nullptr, 1, 8, 0, 1).ok());  // odd dims refused
+}
+
+// Hyper-connections: pre and post bit-exact; the mixes (fp32 dot products) to rounding,
+// bounded by the magnitudes involved; the split of the GPU mixes gives the CPU's pre/post
+// weights to the same order.
+TEST_F(OpsCuda, HyperConnectionsMatchCpu) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int C = 4, M = (2 + C) * C;
+  size_t exact = 0, total = 0;
+  for (int64_t D : {1, 17, 257, 4096, 5120}) {
+    for (int64_t S : {1, 3}) {
+      std::vector<float> h(static_cast<size_t>(S * C * D)), fn(static_cast<size_t>(M * C * D)), x(static_cast<size_t>(S * D));
+      for (float& v : h) v = quant::round_bf16(nd(rng));
+      for (float& v : fn) v = nd(rng) / std::sqrt(static_cast<float>(C * D));
+      for (float& v : x) v = quant::round_bf16(nd(rng));
+      float *dh = to_device(h), *dfn = to_device(fn), *dx = to_device(x);
+      float* dm = to_device(std::vector<float>(static_cast<size_t>(S * M), std::nanf("")));
+      ASSERT_TRUE(hc::mixes_cuda(ctx(), dh, dfn, C, D, S, 1e-6f, dm).ok());
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      const std::vector<float> gm = to_host(dm, static_cast<size_t>(S * M));
+      std::vector<float> w(static_cast<size_t>(S * C)), post(static_cast<size_t>(S * C)), comb(static_cast<size_t>(S * C * C));
+      for (int64_t t = 0; t < S; ++t) {
+        std::vector<float> want(M);
+        const float* ht = h.data() + t * C * D;
+        hc::mixes(ht, fn.data(), C, D, 1e-6f, want.data());
+        float ss = 0;
+        for (int64_t i = 0; i < C * D; ++i) ss += ht[i] * ht[i];
+        const float r = 1.0f / std::sqrt(ss / static_cast<float>(C * D) + 1e-6f);
+        for (int k = 0; k < M; ++k) {
+          float mag = 0;
+          for (int64_t i = 0; i < C * D; ++i) mag += std::fabs(ht[i] * fn[k * C * D + i]);
+          ASSERT_NEAR(gm[t * M + k], want[k], 1e-5f * mag * r + 1e-30f) << "D=" << D << " mix " << k;
+        }
+        const float scale[3] = {1.0f, 1.0f, 1.0f};
+        std::vector<float> base(M, 0.1f);
+        const hc::Split sp = hc::split(want.data(), scale, base.data(), C, 20, 1e-6f);
+        for (int c = 0; c < C; ++c) {
+          w[t * C + c] = sp.pre[c];
+          post[t * C + c] = sp.post[c];
+          for (int j = 0; j < C; ++j) comb[(t * C + c) * C + j] = sp.comb[c][j];
+        }
+      }
+      // pre and post from the same weights: bit-exact.
+      std::vector<float> want_pre(static_cast<size_t>(S * D)), want_post(static_cast<size_t>(S * C * D));
+      for (int64_t t = 0; t < S; ++t) {
+        hc::Split sp{};
+        for (int c = 0; c < C; ++c) {
+          sp.post[c] = post[t * C + c];
+          for (int j = 0; j < C; ++j) sp.comb[c][j] = comb[(t * C + c) * C + j];
+        }
+        hc::pre(h.data() + t * C * D, w.data() + t * C, C, D, want_pre.data() + t * D);
+        hc::post(x.data() + t * D, h.data() + t * C * D, sp, C, D, want_post.data() + t * C * D);
+      }
+      float *dw = to_device(w), *dpost = to_device(post), *dcomb = to_device(comb);
+      float* dy = to_device(std::vector<float>(want_pre.size(), std::nanf("")));
+      float* dz = to_device(std::vector<float>(want_post.size(), std::nanf("")));
+      ASSERT_TRUE(hc::pre_cuda(ctx(), dh, dw, C, D, S, dy).ok());
+      ASSERT_TRUE(hc::post_cuda(ctx(), dx, dh, dpost, dcomb, C, D, S, dz).ok());
+      ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+      const std::vector<float> gy = to_host(dy, want_pre.size()), gz = to_host(dz, want_post.size());
+      for (size_t i = 0; i < gy.size(); ++i) ASSERT_EQ(quant::f32_bits(gy[i]), quant::f32_bits(want_pre[i])) << "pre " << i;
+      for (size_t i = 0; i < gz.size(); ++i) ASSERT_EQ(quant::f32_bits(gz[i]), quant::f32_bits(want_post[i])) << "post " << i;
+      exact += gy.size() + gz.size();
+      total += gy.size() + gz.size();
+      for (float* p : {dh, dfn, dx, dm, dw, dpost, dcomb, dy, dz}) cudaFree(p);
+    }
+  }
+  std::printf("hc pre/post: %zu of %zu values bit-exact; mixes within fp32 rounding bounds\n", exact, total);
 }
 
 // The three QDQ points are bit-exact: random blocks at many scales, including all-zero

@@ -1,0 +1,93 @@
+// Hyper-connection kernels (see hc_cuda.h).
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/cuda_util.cuh"
+#include "kernels/hc/hc_cuda.h"
+
+namespace dsflash::kernels::hc {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ float block_sum(float v, float* part) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float x = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    if (threadIdx.x == 0) part[0] = x;
+  }
+  __syncthreads();
+  const float r = part[0];
+  __syncthreads();
+  return r;
+}
+
+// grid (M, S): one mix of one token per block.
+__global__ void mixes_kernel(const float* __restrict__ h, const float* __restrict__ fn, int64_t n, int M, float eps,
+                             float* __restrict__ m) {
+  __shared__ float part[kThreads / 32];
+  const float* ht = h + blockIdx.y * n;
+  const float* row = fn + blockIdx.x * n;
+  float ss = 0.0f, acc = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+    ss = fmaf(ht[i], ht[i], ss);
+    acc = fmaf(ht[i], row[i], acc);
+  }
+  ss = block_sum(ss, part);
+  acc = block_sum(acc, part);
+  if (threadIdx.x == 0) m[blockIdx.y * M + blockIdx.x] = acc * (1.0f / sqrtf(ss / static_cast<float>(n) + eps));
+}
+
+__global__ void pre_kernel(const float* __restrict__ h, const float* __restrict__ w, int C, int64_t D, int64_t S,
+                           float* __restrict__ y) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= S * D) return;
+  const int64_t t = k / D, d = k % D;
+  float acc = 0.0f;
+  for (int c = 0; c < C; ++c) acc = __fadd_rn(acc, __fmul_rn(w[t * C + c], h[(t * C + c) * D + d]));
+  y[k] = __bfloat162float(__float2bfloat16_rn(acc));
+}
+
+__global__ void post_kernel(const float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ post,
+                            const float* __restrict__ comb, int C, int64_t D, int64_t S, float* __restrict__ y) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][C][D]
+  if (k >= S * C * D) return;
+  const int64_t t = k / (C * D), j = (k / D) % C, d = k % D;
+  float acc = 0.0f;
+  for (int i = 0; i < C; ++i) {
+    acc = __fadd_rn(acc, __fmul_rn(comb[(t * C + i) * C + j], res[(t * C + i) * D + d]));
+  }
+  y[k] = __bfloat162float(__float2bfloat16_rn(__fadd_rn(__fmul_rn(post[t * C + j], x[t * D + d]), acc)));
+}
+
+cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
+  return cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0,
+                            static_cast<cudaStream_t>(ctx.cuda_stream)};
+}
+
+}  // namespace
+
+Status mixes_cuda(const ExecCtx& ctx, const float* h, const float* fn, int C, int64_t D, int64_t S, float norm_eps,
+                  float* m) {
+  if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+  const int M = (2 + C) * C;
+  return cuda::launch(mixes_kernel,
+                      cuda::LaunchParams{dim3(static_cast<unsigned>(M), static_cast<unsigned>(S)), dim3(kThreads), 0,
+                                         static_cast<cudaStream_t>(ctx.cuda_stream)},
+                      h, fn, static_cast<int64_t>(C) * D, M, norm_eps, m);
+}
+
+Status pre_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, int64_t D, int64_t S, float* y) {
+  if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+  return cuda::launch(pre_kernel, flat(ctx, S * D), h, w, C, D, S, y);
+}
+
+Status post_cuda(const ExecCtx& ctx, const float* x, const float* res, const float* post, const float* comb, int C,
+                 int64_t D, int64_t S, float* y) {
+  if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+  return cuda::launch(post_kernel, flat(ctx, S * C * D), x, res, post, comb, C, D, S, y);
+}
+
+}  // namespace dsflash::kernels::hc
