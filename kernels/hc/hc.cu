@@ -2,27 +2,13 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/cuda_util.cuh"
+#include "kernels/cuda/reduce.cuh"
 #include "kernels/hc/hc_cuda.h"
 
 namespace dsflash::kernels::hc {
 namespace {
 
 constexpr int kThreads = 256;
-
-__device__ float block_sum(float v, float* part) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float x = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-    if (threadIdx.x == 0) part[0] = x;
-  }
-  __syncthreads();
-  const float r = part[0];
-  __syncthreads();
-  return r;
-}
 
 // grid (M, S): one mix of one token per block.
 __global__ void mixes_kernel(const float* __restrict__ h, const float* __restrict__ fn, int64_t n, int M, float eps,
@@ -35,8 +21,8 @@ __global__ void mixes_kernel(const float* __restrict__ h, const float* __restric
     ss = fmaf(ht[i], ht[i], ss);
     acc = fmaf(ht[i], row[i], acc);
   }
-  ss = block_sum(ss, part);
-  acc = block_sum(acc, part);
+  ss = cuda::block_sum<kThreads>(ss, part);
+  acc = cuda::block_sum<kThreads>(acc, part);
   if (threadIdx.x == 0) m[blockIdx.y * M + blockIdx.x] = acc * (1.0f / sqrtf(ss / static_cast<float>(n) + eps));
 }
 

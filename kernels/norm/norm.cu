@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_util.cuh"
+#include "kernels/cuda/reduce.cuh"
 #include "kernels/norm/norm_cuda.h"
 
 namespace dsflash::kernels {
@@ -16,17 +17,9 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
   float* yr = y + blockIdx.x * n;
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) ss = fmaf(xr[i], xr[i], ss);
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   __shared__ float part[kThreads / 32];
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : 0.0f;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x == 0) part[0] = v;
-  }
-  __syncthreads();
-  const float inv = 1.0f / sqrtf(part[0] / static_cast<float>(n) + eps);
+  ss = cuda::block_sum<kThreads>(ss, part);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
     yr[i] = __bfloat162float(__float2bfloat16_rn(w[i] * (xr[i] * inv)));
   }

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "tests/kernels/cuda_test_util.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_cuda.h"
 
@@ -16,13 +17,7 @@ namespace {
 
 using quant::GgmlType;
 
-template <typename T>
-T* to_device(const std::vector<T>& v) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, v.size() * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return d;
-}
+using testing::to_device;
 
 class LinearCuda : public ::testing::TestWithParam<GgmlType> {
  protected:

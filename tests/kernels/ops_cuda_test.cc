@@ -13,6 +13,7 @@
 #include "common/gguf/gguf.h"
 #include "common/quant/numeric.h"
 #include "gtest/gtest.h"
+#include "tests/kernels/cuda_test_util.h"
 #include "common/quant/quant.h"
 #include "kernels/norm/norm.h"
 #include "kernels/hc/hc.h"
@@ -27,19 +28,8 @@
 namespace dsflash::kernels {
 namespace {
 
-template <typename T>
-T* to_device(const std::vector<T>& v) {
-  T* d = nullptr;
-  EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T)), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  return d;
-}
-
-std::vector<float> to_host(const float* d, size_t n) {
-  std::vector<float> h(n);
-  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  return h;
-}
+using testing::to_device;
+using testing::to_host;
 
 // Within one bf16 ulp; counts exact matches into *exact.
 void expect_close(const std::vector<float>& want, const std::vector<float>& got, size_t* exact, const std::string& what) {
