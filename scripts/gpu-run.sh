@@ -9,11 +9,13 @@ export DSF_EXPERTSTORE_BIN=$PWD/out/gpu/bin/dsflash-expertstore DSF_COMMIT=$(cat
 export DSF_MACHINE="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) test machine ($(nproc) threads, $(uname -m))"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$logs/gpu.txt" 2>&1
 rc=0
-for b in out/gpu/bin/*_test; do
+# DSF_TESTS: a glob of test names to run (default all); DSF_SKIP_BENCH=1 skips the benchmarks.
+for b in out/gpu/bin/${DSF_TESTS:-*}_test; do
   name=$(basename "$b")
   if "$b" > "$logs/$name.log" 2>&1; then echo "PASS $name"; else echo "FAIL $name"; rc=1; fi
   tail -3 "$logs/$name.log"
 done
+[[ ${DSF_SKIP_BENCH:-0} == 1 ]] && exit $rc
 # Benchmarks (not tests): rows for bench/results.csv.
 out/gpu/bin/linear_cuda_bench "$logs/bench.csv" "$(cat out/gpu/commit)" | tee "$logs/bench.log"
 # Expert store: hit path and miss path (host and device arenas) on the mid synthetic model

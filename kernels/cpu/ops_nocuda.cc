@@ -1,5 +1,8 @@
 // The CUDA element-wise ops in a build without the CUDA backend.
+#include "kernels/attn/attn_cuda.h"
+#include "kernels/engram/engram_cuda.h"
 #include "kernels/hc/hc_cuda.h"
+#include "kernels/moe/moe_cuda.h"
 #include "kernels/norm/norm_cuda.h"
 #include "kernels/qdq/qdq_cuda.h"
 #include "kernels/rope/rope_cuda.h"
@@ -10,8 +13,47 @@ Status rms_norm_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 
+namespace attn {
+Status sparse_attn_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, const float*, const int32_t*, int64_t,
+                        const float*, float, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status pool_cuda(const ExecCtx&, const float*, const float*, int64_t, int, int64_t, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status index_scores_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, const float*, int64_t, const float*, int64_t,
+                         int, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status topk_cuda(const ExecCtx&, const float*, int64_t, int64_t, int64_t, int32_t*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status candidate_mask_cuda(const ExecCtx&, const float*, int64_t, int64_t, int64_t, int, int64_t, int64_t, uint8_t*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+}  // namespace attn
+
+namespace engram {
+Status gate_update_cuda(const ExecCtx&, float*, const float*, const float*, int, int64_t, int64_t, float, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+}  // namespace engram
+
+namespace moe {
+Status route_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_t, int64_t, bool, float, int32_t*, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status swiglu_cuda(const ExecCtx&, float*, const float*, int64_t, int64_t, float, const float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+}  // namespace moe
+
 namespace hc {
 Status mixes_cuda(const ExecCtx&, const float*, const float*, int, int64_t, int64_t, float, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status split_cuda(const ExecCtx&, const float*, const float*, const float*, int, int64_t, int, float, float*, float*,
+                  float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status pre_cuda(const ExecCtx&, const float*, const float*, int, int64_t, int64_t, float*) {

@@ -7,6 +7,7 @@
 
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/ggml_blocks.cuh"
+#include "kernels/cuda/math.cuh"
 #include "kernels/dequant/dequant.h"
 
 namespace dsflash::kernels::dequant {
@@ -39,6 +40,35 @@ Status launch_type(const ExecCtx& ctx, const void* src, float* dst, int64_t n) {
                       static_cast<int>(t.block_bytes));
 }
 
+template <GgmlType kType>
+__global__ void __launch_bounds__(kThreads)
+    gather_kernel(const uint8_t* __restrict__ table, int64_t cols, uint64_t row_bytes, int64_t n_rows,
+                  const int64_t* __restrict__ ids, int64_t n, int block_elems, int block_bytes, bool round,
+                  float* __restrict__ dst) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const int64_t id = ids[i / cols], e = i % cols;
+  if (id < 0 || id >= n_rows) {
+    dst[i] = __int_as_float(0x7fc00000);
+    return;
+  }
+  const float v = block_value<kType>(table + id * row_bytes + (e / block_elems) * block_bytes,
+                                     static_cast<int>(e % block_elems));
+  dst[i] = round ? round_bf16(v) : v;
+}
+
+template <GgmlType kType>
+Status gather_type(const ExecCtx& ctx, const void* table, int64_t cols, uint64_t row_bytes, int64_t n_rows,
+                   const int64_t* ids, int64_t n_ids, bool round, float* dst) {
+  const quant::TypeTraits& t = quant::traits(kType);
+  const int64_t n = n_ids * cols;
+  return cuda::launch(gather_kernel<kType>,
+                      cuda::LaunchParams{dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)), dim3(kThreads), 0,
+                                         static_cast<cudaStream_t>(ctx.cuda_stream)},
+                      static_cast<const uint8_t*>(table), cols, row_bytes, n_rows, ids, n,
+                      static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round, dst);
+}
+
 }  // namespace
 
 bool cuda_supports(GgmlType type) {
@@ -68,6 +98,28 @@ Status dequantize_cuda(const ExecCtx& ctx, GgmlType type, const void* src, float
     case GgmlType::kQ6_K: return launch_type<GgmlType::kQ6_K>(ctx, src, dst, n);
     case GgmlType::kMXFP4: return launch_type<GgmlType::kMXFP4>(ctx, src, dst, n);
     default: return absl::UnimplementedError(absl::StrCat("no CUDA dequantiser for GGML type ", t.name));
+  }
+}
+
+Status gather_rows_cuda(const ExecCtx& ctx, GgmlType type, const void* table, int64_t cols, uint64_t row_bytes,
+                        int64_t n_rows, const int64_t* ids, int64_t n_ids, bool round_bf16, float* dst) {
+  const quant::TypeTraits& t = quant::traits(type);
+  if (n_ids <= 0 || cols <= 0) return absl::OkStatus();
+  if (cols % t.block_elems != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("gather %s rows: %d columns is not whole blocks", t.name, cols));
+  }
+  switch (type) {
+    case GgmlType::kF32: return gather_type<GgmlType::kF32>(ctx, table, cols, row_bytes, n_rows, ids, n_ids, round_bf16, dst);
+    case GgmlType::kF16: return gather_type<GgmlType::kF16>(ctx, table, cols, row_bytes, n_rows, ids, n_ids, round_bf16, dst);
+    case GgmlType::kBF16: return gather_type<GgmlType::kBF16>(ctx, table, cols, row_bytes, n_rows, ids, n_ids, round_bf16, dst);
+    case GgmlType::kQ8_0: return gather_type<GgmlType::kQ8_0>(ctx, table, cols, row_bytes, n_rows, ids, n_ids, round_bf16, dst);
+    case GgmlType::kQ2_K: return gather_type<GgmlType::kQ2_K>(ctx, table, cols, row_bytes, n_rows, ids, n_ids, round_bf16, dst);
+    case GgmlType::kQ3_K: return gather_type<GgmlType::kQ3_K>(ctx, table, cols, row_bytes, n_rows, ids, n_ids, round_bf16, dst);
+    case GgmlType::kQ4_K: return gather_type<GgmlType::kQ4_K>(ctx, table, cols, row_bytes, n_rows, ids, n_ids, round_bf16, dst);
+    case GgmlType::kQ5_K: return gather_type<GgmlType::kQ5_K>(ctx, table, cols, row_bytes, n_rows, ids, n_ids, round_bf16, dst);
+    case GgmlType::kQ6_K: return gather_type<GgmlType::kQ6_K>(ctx, table, cols, row_bytes, n_rows, ids, n_ids, round_bf16, dst);
+    case GgmlType::kMXFP4: return gather_type<GgmlType::kMXFP4>(ctx, table, cols, row_bytes, n_rows, ids, n_ids, round_bf16, dst);
+    default: return absl::UnimplementedError(absl::StrCat("no CUDA row decoder for GGML type ", t.name));
   }
 }
 

@@ -14,6 +14,12 @@ namespace dsflash::kernels::dequant {
 // pointers are device memory and the work is queued on ctx.cuda_stream.
 Status dequantize(const ExecCtx& ctx, quant::GgmlType type, const void* src, float* dst, int64_t n_elems);
 
+// dst[i][:] = row ids[i] of a `type` matrix (`cols` values per row, rows row_bytes apart,
+// n_rows rows), rounded to bf16 when round_bf16 (embedding and Engram rows); an id outside
+// [0, n_rows) gives a NaN row. Device pointers, on ctx.cuda_stream (kCuda only).
+Status gather_rows_cuda(const ExecCtx& ctx, quant::GgmlType type, const void* table, int64_t cols, uint64_t row_bytes,
+                        int64_t n_rows, const int64_t* ids, int64_t n_ids, bool round_bf16, float* dst);
+
 // Types the CUDA path supports.
 bool cuda_supports(quant::GgmlType type);
 

@@ -14,6 +14,10 @@ Status dequantize(const ExecCtx& ctx, quant::GgmlType type, const void* src, flo
 Status dequantize_cuda(const ExecCtx&, quant::GgmlType, const void*, float*, int64_t) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
+Status gather_rows_cuda(const ExecCtx&, quant::GgmlType, const void*, int64_t, uint64_t, int64_t, const int64_t*, int64_t,
+                        bool, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
 bool cuda_supports(quant::GgmlType) { return false; }
 #endif
 

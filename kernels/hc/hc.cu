@@ -4,6 +4,7 @@
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/hc/hc_cuda.h"
+#include "kernels/hc/split_math.h"
 
 namespace dsflash::kernels::hc {
 namespace {
@@ -24,6 +25,15 @@ __global__ void mixes_kernel(const float* __restrict__ h, const float* __restric
   ss = cuda::block_sum<kThreads>(ss, part);
   acc = cuda::block_sum<kThreads>(acc, part);
   if (threadIdx.x == 0) m[blockIdx.y * M + blockIdx.x] = acc * (1.0f / sqrtf(ss / static_cast<float>(n) + eps));
+}
+
+__global__ void split_kernel(const float* __restrict__ m, const float* __restrict__ scale, const float* __restrict__ base,
+                             int C, int64_t S, int iters, float eps, float* __restrict__ pre, float* __restrict__ post,
+                             float* __restrict__ comb) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= S) return;
+  const int M = (2 + C) * C;
+  detail::split_token(m + t * M, scale, base, C, iters, eps, pre + t * C, post + t * C, comb + t * C * C);
 }
 
 __global__ void pre_kernel(const float* __restrict__ h, const float* __restrict__ w, int C, int64_t D, int64_t S,
@@ -63,6 +73,12 @@ Status mixes_cuda(const ExecCtx& ctx, const float* h, const float* fn, int C, in
                       cuda::LaunchParams{dim3(static_cast<unsigned>(M), static_cast<unsigned>(S)), dim3(kThreads), 0,
                                          static_cast<cudaStream_t>(ctx.cuda_stream)},
                       h, fn, static_cast<int64_t>(C) * D, M, norm_eps, m);
+}
+
+Status split_cuda(const ExecCtx& ctx, const float* m, const float* scale, const float* base, int C, int64_t S, int iters,
+                  float hc_eps, float* pre, float* post, float* comb) {
+  if (C <= 0 || S <= 0) return absl::OkStatus();
+  return cuda::launch(split_kernel, flat(ctx, S), m, scale, base, C, S, iters, hc_eps, pre, post, comb);
 }
 
 Status pre_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, int64_t D, int64_t S, float* y) {

@@ -1,7 +1,7 @@
 // Hyper-connection ops on the CUDA backend (host-only header), for S tokens at once, device
 // pointers, on ctx.cuda_stream. pre and post are bit-exact with kernels::hc (same summation
 // order, no FMA contraction); mixes reduces in a tree (fp32 results agree to rounding).
-// The Sinkhorn split stays on the host for now (kernels::hc::split, per token).
+// split runs the same code as the CPU (split_math.h), one thread per token.
 #pragma once
 
 #include "common/status.h"
@@ -12,6 +12,10 @@ namespace dsflash::kernels::hc {
 // m[S][M] = (fn . h_t) * rsqrt(mean(h_t^2) + eps), h [S][C*D], fn [M = (2 + C) C][C*D].
 Status mixes_cuda(const ExecCtx& ctx, const float* h, const float* fn, int C, int64_t D, int64_t S, float norm_eps,
                   float* m);
+// pre [S][C], post [S][C], comb [S][C][C] = split of each token's mixes m [S][M]; scale [3],
+// base [M] device pointers.
+Status split_cuda(const ExecCtx& ctx, const float* m, const float* scale, const float* base, int C, int64_t S, int iters,
+                  float hc_eps, float* pre, float* post, float* comb);
 // y[S][D] = bf16(sum_c w[t][c] h[t][c][:]), w [S][C].
 Status pre_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, int64_t D, int64_t S, float* y);
 // y[S][C][D] = bf16(post[t][j] x[t] + sum_i comb[t][i][j] res[t][i]), post [S][C], comb [S][C][C].

@@ -3,11 +3,9 @@
 
 #include "common/quant/numeric.h"
 #include "kernels/hc/hc.h"
+#include "kernels/hc/split_math.h"
 
 namespace dsflash::kernels::hc {
-namespace {
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-}  // namespace
 
 void mixes(const float* h, const float* fn, int C, int64_t D, float norm_eps, float* m) {
   const int64_t n = C * D;
@@ -25,39 +23,10 @@ void mixes(const float* h, const float* fn, int C, int64_t D, float norm_eps, fl
 
 Split split(const float* m, const float* scale, const float* base, int C, int iters, float eps) {
   Split s{};
+  float comb[Split::kMaxC * Split::kMaxC];
+  detail::split_token(m, scale, base, C, iters, eps, s.pre, s.post, comb);
   for (int i = 0; i < C; ++i) {
-    s.pre[i] = sigmoid(m[i] * scale[0] + base[i]) + eps;
-    s.post[i] = 2.0f * sigmoid(m[C + i] * scale[1] + base[C + i]);
-  }
-  auto& c = s.comb;
-  for (int i = 0; i < C; ++i) {
-    float mx = -INFINITY;
-    for (int j = 0; j < C; ++j) {
-      c[i][j] = m[2 * C + i * C + j] * scale[2] + base[2 * C + i * C + j];
-      mx = std::fmax(mx, c[i][j]);
-    }
-    float sum = 0.0f;
-    for (int j = 0; j < C; ++j) sum += (c[i][j] = std::exp(c[i][j] - mx));
-    for (int j = 0; j < C; ++j) c[i][j] = c[i][j] / sum + eps;
-  }
-  auto col_norm = [&] {
-    for (int j = 0; j < C; ++j) {
-      float sum = 0.0f;
-      for (int i = 0; i < C; ++i) sum += c[i][j];
-      for (int i = 0; i < C; ++i) c[i][j] = c[i][j] / (sum + eps);
-    }
-  };
-  auto row_norm = [&] {
-    for (int i = 0; i < C; ++i) {
-      float sum = 0.0f;
-      for (int j = 0; j < C; ++j) sum += c[i][j];
-      for (int j = 0; j < C; ++j) c[i][j] = c[i][j] / (sum + eps);
-    }
-  };
-  col_norm();
-  for (int it = 0; it < iters - 1; ++it) {
-    row_norm();
-    col_norm();
+    for (int j = 0; j < C; ++j) s.comb[i][j] = comb[i * C + j];
   }
   return s;
 }

@@ -1,0 +1,289 @@
+// Attention kernels (see attn_cuda.h).
+#include <cub/block/block_scan.cuh>
+
+#include "kernels/attn/attn_cuda.h"
+#include "kernels/cuda/cuda_util.cuh"
+#include "kernels/cuda/math.cuh"
+
+namespace dsflash::kernels::attn {
+namespace {
+
+using cuda::round_bf16;
+
+constexpr int kChunk = 64;  // entries per online-softmax step, as the reference
+constexpr int kAttnThreads = 128;
+
+// grid (H, S): one head of one query row. Per chunk: logits by warps, the chunk max and the
+// probabilities by warp 0 (their sum in entry order by lane 0), then each thread forms the
+// chunk's value sum for its dims in entry order and folds it into the accumulator.
+__global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv,
+                                   const int32_t* __restrict__ idx, int64_t width, const float* __restrict__ sink,
+                                   float scale, float* __restrict__ o) {
+  extern __shared__ float smem[];
+  float* qh = smem;       // [Dh]
+  float* acc = qh + Dh;   // [Dh]
+  __shared__ float logit[kChunk], pb[kChunk], s_rescale, s_m, s_L;
+  const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.y;
+  const float* qsrc = q + (t * H + h) * Dh;
+  const int32_t* list = idx + t * width;
+  for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) {
+    qh[d] = qsrc[d];
+    acc[d] = 0.0f;
+  }
+  if (threadIdx.x == 0) {
+    s_m = -1e30f;
+    s_L = 0.0f;
+  }
+  __syncthreads();
+  for (int64_t c0 = 0; c0 < width; c0 += kChunk) {
+    const int cn = static_cast<int>(min(static_cast<int64_t>(kChunk), width - c0));
+    for (int k = warp; k < cn; k += kAttnThreads / 32) {
+      const int32_t j = list[c0 + k];
+      float dot = 0.0f;
+      if (j >= 0) {
+        const float* row = kv + static_cast<int64_t>(j) * Dh;
+        for (int64_t d = lane; d < Dh; d += 32) dot = fmaf(qh[d], row[d], dot);
+      }
+      dot = cuda::warp_sum(dot);
+      if (lane == 0) logit[k] = j >= 0 ? dot * scale : -INFINITY;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      float cmax = -INFINITY;
+      for (int k = lane; k < cn; k += 32) cmax = fmaxf(cmax, logit[k]);
+      for (int off = 16; off > 0; off >>= 1) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, off));
+      const float m = s_m, m_new = fmaxf(m, cmax);
+      for (int k = lane; k < cn; k += 32) logit[k] = expf(logit[k] - m_new);  // p, unrounded
+      __syncwarp();
+      if (lane == 0) {
+        float psum = 0.0f;
+        for (int k = 0; k < cn; ++k) psum = __fadd_rn(psum, logit[k]);
+        const float rescale = expf(m - m_new);
+        s_L = __fadd_rn(__fmul_rn(s_L, rescale), psum);
+        s_rescale = rescale;
+        s_m = m_new;
+      }
+      for (int k = lane; k < cn; k += 32) pb[k] = round_bf16(logit[k]);
+    }
+    __syncthreads();
+    const float rescale = s_rescale;
+    for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) {
+      float part = 0.0f;
+      for (int k = 0; k < cn; ++k) {
+        const int32_t j = list[c0 + k];
+        if (j >= 0) part = __fadd_rn(part, __fmul_rn(pb[k], kv[static_cast<int64_t>(j) * Dh + d]));
+      }
+      acc[d] = __fadd_rn(__fmul_rn(acc[d], rescale), part);
+    }
+    __syncthreads();
+  }
+  const float L = __fadd_rn(s_L, expf(sink[h] - s_m));
+  float* out = o + (t * H + h) * Dh;
+  for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) out[d] = round_bf16(__fdiv_rn(acc[d], L));
+}
+
+__global__ void pool_kernel(const float* __restrict__ k, const float* __restrict__ s, int64_t groups, int r,
+                            int64_t n, float* __restrict__ latent) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [groups][n]
+  if (i >= groups * n) return;
+  const int64_t g = i / n, c = i % n;
+  const float* kg = k + g * r * n;
+  const float* sg = s + g * r * n;
+  float mx = -INFINITY;
+  for (int t = 0; t < r; ++t) mx = fmaxf(mx, sg[t * n + c]);
+  float den = 0.0f;
+  for (int t = 0; t < r; ++t) den = __fadd_rn(den, expf(sg[t * n + c] - mx));
+  float acc = 0.0f;
+  for (int t = 0; t < r; ++t) acc = __fadd_rn(acc, __fmul_rn(kg[t * n + c], __fdiv_rn(expf(sg[t * n + c] - mx), den)));
+  latent[i] = round_bf16(acc);
+}
+
+constexpr int kScoreWarps = 8;
+
+// grid (ceil(n_keys / 8), S): one key per warp, the heads in order.
+__global__ void index_scores_kernel(const float* __restrict__ q, int Hi, int64_t Di, const float* __restrict__ keys,
+                                    int64_t n_keys, const float* __restrict__ w, int64_t pos0, int ratio,
+                                    float* __restrict__ score) {
+  const int lane = threadIdx.x & 31;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kScoreWarps + (threadIdx.x >> 5);
+  const int64_t t = blockIdx.y;
+  if (j >= n_keys) return;
+  const int64_t visible = (pos0 + t + 1) / ratio;
+  float* out = score + t * n_keys + j;
+  if (j >= visible) {
+    if (lane == 0) *out = -INFINITY;
+    return;
+  }
+  const float* kj = keys + j * Di;
+  const float* qt = q + t * Hi * Di;
+  const float* wt = w + t * Hi;
+  float sum = 0.0f;
+  for (int h = 0; h < Hi; ++h) {
+    float dot = 0.0f;
+    for (int64_t d = lane; d < Di; d += 32) dot = fmaf(qt[h * Di + d], kj[d], dot);
+    dot = cuda::warp_sum(dot);
+    const float relu = fmaxf(round_bf16(dot), 0.0f);
+    sum = __fadd_rn(sum, round_bf16(__fmul_rn(relu, wt[h])));
+  }
+  if (lane == 0) *out = round_bf16(sum);
+}
+
+constexpr int kTopkThreads = 256;
+
+// One row per block. Radix selection of the k-th largest key, 8 bits per pass from the top;
+// then every key above it and the first `need` keys equal to it (lowest indices) are written
+// in index order through two block scans per tile.
+__global__ void topk_kernel(const float* __restrict__ v, int64_t n, int64_t k, int32_t* __restrict__ out) {
+  using Scan = cub::BlockScan<int, kTopkThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ uint32_t hist[256];
+  __shared__ uint32_t s_prefix, s_need;
+  const float* row = v + static_cast<int64_t>(blockIdx.x) * n;
+  int32_t* dst = out + static_cast<int64_t>(blockIdx.x) * k;
+  uint32_t prefix = 0, mask = 0;
+  if (threadIdx.x == 0) s_need = static_cast<uint32_t>(k);
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kTopkThreads) hist[i] = 0;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n; i += kTopkThreads) {
+      const uint32_t key = cuda::ordered_key(row[i]);
+      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      uint32_t need = s_need;
+      for (int b = 255; b >= 0; --b) {
+        if (hist[b] >= need) {
+          s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+          break;
+        }
+        need -= hist[b];
+      }
+      s_need = need;
+    }
+    __syncthreads();
+    prefix = s_prefix;
+    mask |= 0xffu << shift;
+  }
+  const uint32_t thr = prefix;
+  const int need = static_cast<int>(s_need);
+  int base = 0, eq_base = 0;
+  for (int64_t i0 = 0; i0 < n && base < k; i0 += kTopkThreads) {
+    const int64_t i = i0 + threadIdx.x;
+    const uint32_t key = i < n ? cuda::ordered_key(row[i]) : 0u;
+    const int eq = i < n && key == thr;
+    int eq_rank, eq_total, pos, total;
+    Scan(scan_tmp).ExclusiveSum(eq, eq_rank, eq_total);
+    __syncthreads();
+    const int take = i < n && (key > thr || (eq && eq_base + eq_rank < need));
+    Scan(scan_tmp).ExclusiveSum(take, pos, total);
+    __syncthreads();
+    if (take) dst[base + pos] = static_cast<int32_t>(i);
+    base += total;
+    eq_base += eq_total;
+  }
+}
+
+// bs[t][b] = max of score[t] over block b (-inf padded); the block of position
+// compress_len - 1 pinned to +inf.
+__global__ void block_max_kernel(const float* __restrict__ score, int64_t n, int64_t nb, int64_t block, int64_t pos0,
+                                 int ratio, float* __restrict__ bs) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t t = blockIdx.y;
+  if (b >= nb) return;
+  const int64_t compress_len = (pos0 + t + 1) / ratio;
+  float m = -INFINITY;
+  for (int64_t i = b * block; i < min(n, (b + 1) * block); ++i) m = fmaxf(m, score[t * n + i]);
+  if (compress_len >= 1 && (compress_len - 1) / block == b) m = INFINITY;
+  bs[t * nb + b] = m;
+}
+
+__global__ void keep_blocks_kernel(const float* __restrict__ bs, const int32_t* __restrict__ chosen, int64_t nb,
+                                   int64_t kb, int64_t S, uint8_t* __restrict__ keep) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][kb]
+  if (i >= S * kb) return;
+  const int64_t t = i / kb, b = chosen[i];
+  keep[t * nb + b] = bs[t * nb + b] > -INFINITY;
+}
+
+__global__ void expand_mask_kernel(const uint8_t* __restrict__ keep, int64_t n, int64_t nb, int64_t block, int64_t S,
+                                   uint8_t* __restrict__ mask) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][n]
+  if (i >= S * n) return;
+  const int64_t t = i / n, j = i % n;
+  mask[i] = keep[t * nb + j / block];
+}
+
+cudaStream_t stream_of(const ExecCtx& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
+
+cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
+  return cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0, stream_of(ctx)};
+}
+
+}  // namespace
+
+Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, int64_t Dh, const float* kv,
+                        const int32_t* idx, int64_t width, const float* sink, float scale, float* o) {
+  if (S <= 0 || H <= 0) return absl::OkStatus();
+  if (Dh <= 0 || Dh > 4096) return absl::InvalidArgumentError(absl::StrCat("sparse_attn_cuda: head dim ", Dh));
+  const size_t smem = 2 * static_cast<size_t>(Dh) * sizeof(float);
+  return cuda::launch(sparse_attn_kernel,
+                      cuda::LaunchParams{dim3(static_cast<unsigned>(H), static_cast<unsigned>(S)), dim3(kAttnThreads),
+                                         smem, stream_of(ctx)},
+                      q, H, Dh, kv, idx, width, sink, scale, o);
+}
+
+Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t groups, int r, int64_t n, float* latent) {
+  if (groups <= 0 || n <= 0) return absl::OkStatus();
+  return cuda::launch(pool_kernel, flat(ctx, groups * n), k, s, groups, r, n, latent);
+}
+
+Status index_scores_cuda(const ExecCtx& ctx, const float* q, int64_t S, int Hi, int64_t Di, const float* keys,
+                         int64_t n_keys, const float* w, int64_t pos0, int ratio, float* score) {
+  if (S <= 0 || n_keys <= 0) return absl::OkStatus();
+  if (ratio <= 0) return absl::InvalidArgumentError(absl::StrCat("index_scores_cuda: ratio ", ratio));
+  const dim3 grid(static_cast<unsigned>((n_keys + kScoreWarps - 1) / kScoreWarps), static_cast<unsigned>(S));
+  return cuda::launch(index_scores_kernel, cuda::LaunchParams{grid, dim3(kScoreWarps * 32), 0, stream_of(ctx)}, q, Hi,
+                      Di, keys, n_keys, w, pos0, ratio, score);
+}
+
+Status topk_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, int64_t k, int32_t* out) {
+  if (rows <= 0) return absl::OkStatus();
+  if (k <= 0 || k > n) return absl::InvalidArgumentError(absl::StrCat("topk_cuda: k ", k, " of ", n));
+  return cuda::launch(topk_kernel,
+                      cuda::LaunchParams{dim3(static_cast<unsigned>(rows)), dim3(kTopkThreads), 0, stream_of(ctx)}, v,
+                      n, k, out);
+}
+
+Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, int64_t n, int64_t pos0, int ratio,
+                           int64_t topk_blocks, int64_t block, uint8_t* mask) {
+  if (S <= 0 || n <= 0) return absl::OkStatus();
+  if (ratio <= 0 || block <= 0 || topk_blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("candidate_mask_cuda: ratio ", ratio, ", block ", block, ", top ", topk_blocks));
+  }
+  const int64_t nb = (n + block - 1) / block, kb = std::min(topk_blocks, nb);
+  cudaStream_t st = stream_of(ctx);
+  float* bs = nullptr;
+  int32_t* chosen = nullptr;
+  uint8_t* keep = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&bs, S * nb * sizeof(float), st));
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&chosen, S * kb * sizeof(int32_t), st));
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&keep, S * nb, st));
+  const Status s = [&]() -> Status {
+    RETURN_IF_ERROR(cuda::launch(
+        block_max_kernel,
+        cuda::LaunchParams{dim3(static_cast<unsigned>((nb + 255) / 256), static_cast<unsigned>(S)), dim3(256), 0, st},
+        score, n, nb, block, pos0, ratio, bs));
+    RETURN_IF_ERROR(topk_cuda(ctx, bs, S, nb, kb, chosen));
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(keep, 0, S * nb, st));
+    RETURN_IF_ERROR(cuda::launch(keep_blocks_kernel, flat(ctx, S * kb), bs, chosen, nb, kb, S, keep));
+    return cuda::launch(expand_mask_kernel, flat(ctx, S * n), keep, n, nb, block, S, mask);
+  }();
+  cudaFreeAsync(bs, st);
+  cudaFreeAsync(chosen, st);
+  cudaFreeAsync(keep, st);
+  return s;
+}
+
+}  // namespace dsflash::kernels::attn

@@ -1,0 +1,367 @@
+// CUDA attention, MoE, Engram and hyper-connection split ops against the CPU backend (label
+// gpu; skipped without a GPU): fresh random inputs at odd and released sizes, the golden
+// model's tables for the row gather, outputs poisoned with NaN. Selections (top-k, candidate
+// masks, routing) must be identical; values must agree bit for bit or within one bf16 ulp, with
+// the share beyond that and the NMSE bounded (dot products reduce in a tree on the GPU).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "common/config/config.h"
+#include "common/gguf/gguf.h"
+#include "common/quant/numeric.h"
+#include "common/quant/quant.h"
+#include "gtest/gtest.h"
+#include "kernels/attn/attn.h"
+#include "kernels/attn/attn_cuda.h"
+#include "kernels/dequant/dequant.h"
+#include "kernels/engram/engram.h"
+#include "kernels/engram/engram_cuda.h"
+#include "kernels/hc/hc.h"
+#include "kernels/hc/hc_cuda.h"
+#include "kernels/linear/linear.h"
+#include "kernels/moe/moe.h"
+#include "kernels/moe/moe_cuda.h"
+#include "tests/kernels/cuda_test_util.h"
+#include "tests/test_util.h"
+
+namespace dsflash::kernels {
+namespace {
+
+using testing::to_device;
+using testing::to_host;
+
+// Agreement of GPU values with the CPU's: bit-exact, within one bf16 ulp, beyond; NMSE.
+struct Agreement {
+  size_t n = 0, exact = 0, one_ulp = 0, beyond = 0;
+  double err2 = 0, ref2 = 0;
+
+  void add(const std::vector<float>& want, const std::vector<float>& got, const std::string& what) {
+    ASSERT_EQ(want.size(), got.size()) << what;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_FALSE(std::isnan(got[i])) << what << " [" << i << "] not written";
+      ++n;
+      if (quant::f32_bits(want[i]) == quant::f32_bits(got[i]) || want[i] == got[i]) {
+        ++exact;
+        if (std::isfinite(want[i])) ref2 += static_cast<double>(want[i]) * want[i];
+        continue;
+      }
+      const double d = static_cast<double>(want[i]) - got[i];
+      ref2 += static_cast<double>(want[i]) * want[i];
+      err2 += d * d;
+      const float m = std::max(std::fabs(want[i]), std::fabs(got[i]));
+      (std::fabs(d) <= std::ldexp(1.0f, std::ilogb(m) - 7) ? one_ulp : beyond) += 1;
+    }
+  }
+  double nmse() const { return ref2 > 0 ? err2 / ref2 : err2; }
+  void check(const char* name, double max_beyond_share = 1e-3, double max_nmse = 1e-5) const {
+    std::printf("%s: %zu values, %zu bit-exact, %zu within 1 bf16 ulp, %zu beyond; NMSE %.2e\n", name, n, exact, one_ulp,
+                beyond, nmse());
+    EXPECT_LE(static_cast<double>(beyond), max_beyond_share * static_cast<double>(n)) << name;
+    EXPECT_LE(nmse(), max_nmse) << name;
+  }
+};
+
+std::vector<float> bf16_normal(std::mt19937& rng, size_t n, float sd = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = quant::round_bf16(nd(rng));
+  return v;
+}
+
+std::vector<float> nan_vec(size_t n) { return std::vector<float>(n, std::nanf("")); }
+
+template <typename T>
+std::vector<T> copy_back(const T* d, size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+class ModelOpsCuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
+  }
+  void TearDown() override {
+    for (void* p : owned_) cudaFree(p);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  ExecCtx ctx() const { return ExecCtx{Backend::kCuda, stream_}; }
+  template <typename T>
+  T* dev(const std::vector<T>& v) {
+    T* d = to_device(v);
+    owned_.push_back(d);
+    return d;
+  }
+  void sync() { ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess); }
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> owned_;
+};
+
+TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
+  std::mt19937 rng(1);
+  Agreement agree;
+  struct Shape {
+    int64_t S;
+    int H;
+    int64_t Dh, n_rows, width;
+  };
+  for (const Shape& sh : {Shape{1, 1, 17, 5, 1}, Shape{3, 2, 31, 40, 17}, Shape{2, 3, 64, 300, 65},
+                          Shape{1, 64, 512, 700, 640}, Shape{5, 4, 512, 257, 257}, Shape{17, 2, 128, 100, 200}}) {
+    const std::vector<float> q = bf16_normal(rng, sh.S * sh.H * sh.Dh, 0.3f), kv = bf16_normal(rng, sh.n_rows * sh.Dh);
+    const std::vector<float> sink = bf16_normal(rng, sh.H);
+    std::vector<int32_t> idx(static_cast<size_t>(sh.S * sh.width));
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(sh.n_rows - 1));
+    for (int32_t& j : idx) j = rng() % 7 == 0 ? -1 : pick(rng);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(sh.Dh));
+    std::vector<float> want(q.size());
+    for (int64_t t = 0; t < sh.S; ++t) {
+      attn::sparse_attn(&q[t * sh.H * sh.Dh], sh.H, sh.Dh, kv.data(), &idx[t * sh.width], sh.width, sink.data(), scale,
+                        &want[t * sh.H * sh.Dh]);
+    }
+    float* d_o = dev(nan_vec(q.size()));
+    ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), dev(q), sh.S, sh.H, sh.Dh, dev(kv), dev(idx), sh.width, dev(sink), scale, d_o).ok());
+    sync();
+    agree.add(want, to_host(d_o, want.size()), "sparse_attn Dh=" + std::to_string(sh.Dh));
+  }
+  agree.check("sparse_attn");
+}
+
+TEST_F(ModelOpsCuda, PoolAndIndexScoresMatchCpu) {
+  std::mt19937 rng(2);
+  Agreement pool, scores;
+  for (int64_t n : {1, 17, 512}) {
+    const int64_t groups = 9;
+    const std::vector<float> k = bf16_normal(rng, groups * 2 * n), s = bf16_normal(rng, groups * 2 * n, 2.0f);
+    std::vector<float> want(static_cast<size_t>(groups * n));
+    for (int64_t g = 0; g < groups; ++g) attn::pool_group(&k[g * 2 * n], &s[g * 2 * n], 2, n, &want[g * n]);
+    float* d = dev(nan_vec(want.size()));
+    ASSERT_TRUE(attn::pool_cuda(ctx(), dev(k), dev(s), groups, 2, n, d).ok());
+    sync();
+    pool.add(want, to_host(d, want.size()), "pool");
+  }
+  pool.check("pool_group");
+  struct Shape {
+    int64_t S;
+    int Hi;
+    int64_t Di, n_keys, pos0;
+    int ratio;
+  };
+  for (const Shape& sh : {Shape{1, 1, 17, 1, 0, 1}, Shape{3, 4, 31, 40, 37, 1}, Shape{5, 32, 128, 257, 510, 2},
+                          Shape{1, 32, 128, 4096, 4095, 1}, Shape{17, 8, 64, 33, 16, 1}}) {
+    const std::vector<float> q = bf16_normal(rng, sh.S * sh.Hi * sh.Di), keys = bf16_normal(rng, sh.n_keys * sh.Di);
+    const std::vector<float> w = bf16_normal(rng, sh.S * sh.Hi, 0.1f);
+    std::vector<float> want(static_cast<size_t>(sh.S * sh.n_keys));
+    for (int64_t t = 0; t < sh.S; ++t) {
+      attn::index_scores(&q[t * sh.Hi * sh.Di], sh.Hi, sh.Di, keys.data(), sh.n_keys, &w[t * sh.Hi], &want[t * sh.n_keys]);
+      for (int64_t j = (sh.pos0 + t + 1) / sh.ratio; j < sh.n_keys; ++j) want[t * sh.n_keys + j] = -INFINITY;
+    }
+    float* d = dev(nan_vec(want.size()));
+    ASSERT_TRUE(attn::index_scores_cuda(ctx(), dev(q), sh.S, sh.Hi, sh.Di, dev(keys), sh.n_keys, dev(w), sh.pos0, sh.ratio, d).ok());
+    sync();
+    scores.add(want, to_host(d, want.size()), "index_scores");
+  }
+  scores.check("index_scores");
+}
+
+// Selections are compared on identical inputs: they must be identical, ties included.
+TEST_F(ModelOpsCuda, TopkAndCandidateMasksAreIdentical) {
+  std::mt19937 rng(3);
+  size_t rows_checked = 0;
+  for (int64_t n : {1, 17, 31, 257, 4096, 70000}) {
+    for (int64_t k : {int64_t{1}, std::min<int64_t>(n, 512), n}) {
+      const int64_t rows = 3;
+      std::vector<float> v(static_cast<size_t>(rows * n));
+      for (size_t i = 0; i < v.size(); ++i) {
+        const uint32_t r = rng() % 10;  // many exact ties, -inf, signed zeros
+        v[i] = r == 0 ? -INFINITY : r == 1 ? -0.0f : r == 2 ? 0.0f : static_cast<float>(static_cast<int>(rng() % 50) - 25) / 4;
+      }
+      int32_t* d = dev(std::vector<int32_t>(static_cast<size_t>(rows * k), -7));
+      ASSERT_TRUE(attn::topk_cuda(ctx(), dev(v), rows, n, k, d).ok());
+      sync();
+      const std::vector<int32_t> got = copy_back(d, static_cast<size_t>(rows * k));
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<int32_t> want = attn::topk_ascending(&v[r * n], n, k);
+        ASSERT_EQ(want, std::vector<int32_t>(got.begin() + r * k, got.begin() + (r + 1) * k)) << "n=" << n << " k=" << k;
+        ++rows_checked;
+      }
+    }
+  }
+  EXPECT_FALSE(attn::topk_cuda(ctx(), nullptr, 1, 4, 5, nullptr).ok());
+  struct Shape {
+    int64_t S, n, pos0;
+    int ratio;
+    int64_t top_blocks, block;
+  };
+  size_t masks = 0;
+  for (const Shape& sh : {Shape{1, 1, 0, 1, 1, 8}, Shape{4, 100, 96, 1, 3, 8}, Shape{3, 4096, 8190, 2, 64, 8},
+                          Shape{2, 70000, 69998, 1, 2048, 8}, Shape{5, 37, 30, 1, 5, 4}}) {
+    std::vector<float> score = bf16_normal(rng, sh.S * sh.n);
+    for (int64_t t = 0; t < sh.S; ++t) {
+      for (int64_t j = (sh.pos0 + t + 1) / sh.ratio; j < sh.n; ++j) score[t * sh.n + j] = -INFINITY;
+    }
+    uint8_t* d = dev(std::vector<uint8_t>(static_cast<size_t>(sh.S * sh.n), 7));
+    ASSERT_TRUE(attn::candidate_mask_cuda(ctx(), dev(score), sh.S, sh.n, sh.pos0, sh.ratio, sh.top_blocks, sh.block, d).ok());
+    sync();
+    const std::vector<uint8_t> got = copy_back(d, static_cast<size_t>(sh.S * sh.n));
+    for (int64_t t = 0; t < sh.S; ++t) {
+      const std::vector<uint8_t> want =
+          attn::candidate_mask(&score[t * sh.n], sh.n, (sh.pos0 + t + 1) / sh.ratio, sh.top_blocks, sh.block);
+      ASSERT_EQ(want, std::vector<uint8_t>(got.begin() + t * sh.n, got.begin() + (t + 1) * sh.n)) << "n=" << sh.n;
+      ++masks;
+    }
+  }
+  std::printf("topk: %zu rows identical; candidate masks: %zu rows identical\n", rows_checked, masks);
+}
+
+TEST_F(ModelOpsCuda, RoutingAndSwigluMatchCpu) {
+  std::mt19937 rng(4);
+  size_t routes = 0;
+  for (const auto& [E, K, S] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {17, 3, 5}, {256, 6, 31}, {384, 8, 4}}) {
+    const std::vector<float> logits = bf16_normal(rng, S * E, 2.0f), bias = bf16_normal(rng, E, 0.1f);
+    int32_t* de = dev(std::vector<int32_t>(static_cast<size_t>(S * K), -1));
+    float* dw = dev(nan_vec(static_cast<size_t>(S * K)));
+    ASSERT_TRUE(moe::route_cuda(ctx(), dev(logits), dev(bias), S, E, K, true, 2.5f, de, dw).ok());
+    sync();
+    const std::vector<int32_t> ge = copy_back(de, static_cast<size_t>(S * K));
+    const std::vector<float> gw = to_host(dw, static_cast<size_t>(S * K));
+    for (int64_t t = 0; t < S; ++t) {
+      const moe::Route r = moe::route(&logits[t * E], bias.data(), E, K, true, 2.5f);
+      for (int64_t k = 0; k < K; ++k) {
+        ASSERT_EQ(ge[t * K + k], r.experts[k]) << "E=" << E << " token " << t << " slot " << k;
+        ASSERT_NEAR(gw[t * K + k], r.weights[k], 4e-7f * std::fabs(r.weights[k]) + 1e-30f);
+      }
+      ++routes;
+    }
+  }
+  EXPECT_FALSE(moe::route_cuda(ctx(), nullptr, nullptr, 1, 4, 5, true, 1.0f, nullptr, nullptr).ok());
+  Agreement sw;
+  for (const auto& [S, F, limit] : {std::tuple<int64_t, int64_t, float>{1, 17, 0.0f}, {5, 2048, 7.0f}, {3, 257, 1.0f}}) {
+    std::vector<float> a = bf16_normal(rng, S * F, 3.0f);
+    const std::vector<float> b = bf16_normal(rng, S * F, 3.0f), w = bf16_normal(rng, S, 0.5f);
+    float* da = dev(a);
+    ASSERT_TRUE(moe::swiglu_cuda(ctx(), da, dev(b), S, F, limit, dev(w)).ok());
+    sync();
+    for (int64_t t = 0; t < S; ++t) moe::swiglu(&a[t * F], &b[t * F], F, limit, w[t]);
+    sw.add(a, to_host(da, a.size()), "swiglu");
+  }
+  std::printf("route: %zu tokens, identical experts, weights within 4e-7 relative\n", routes);
+  sw.check("swiglu");
+}
+
+TEST_F(ModelOpsCuda, EngramGateAndSplitMatchCpu) {
+  std::mt19937 rng(5);
+  Agreement hs;
+  double worst_gate = 0;
+  for (const auto& [D, S] : {std::pair<int64_t, int64_t>{1, 1}, {17, 3}, {257, 2}, {4096, 5}}) {
+    const int C = 4;
+    std::vector<float> h = bf16_normal(rng, S * C * D);
+    const std::vector<float> kv = bf16_normal(rng, S * (C + 1) * D), qk = bf16_normal(rng, C * D);
+    float* dh = dev(h);
+    float* dg = dev(nan_vec(static_cast<size_t>(S * C)));
+    ASSERT_TRUE(engram::gate_update_cuda(ctx(), dh, dev(kv), dev(qk), C, D, S, 1e-6f, dg).ok());
+    sync();
+    std::vector<float> gate(static_cast<size_t>(S * C));
+    for (int64_t t = 0; t < S; ++t) {
+      engram::gate_update(&h[t * C * D], &kv[t * (C + 1) * D], qk.data(), C, D, 1e-6f, &gate[t * C]);
+    }
+    hs.add(h, to_host(dh, h.size()), "engram h");
+    const std::vector<float> gg = to_host(dg, gate.size());
+    for (size_t i = 0; i < gate.size(); ++i) worst_gate = std::max(worst_gate, std::fabs(static_cast<double>(gg[i]) - gate[i]));
+  }
+  hs.check("engram gate_update h");
+  std::printf("engram gates: max |gpu - cpu| %.2e\n", worst_gate);
+  EXPECT_LT(worst_gate, 1e-5);
+  // Sinkhorn split from the same mixes: the same code on both sides, fp32 rounding apart.
+  const int C = 4, M = (2 + C) * C, S = 33;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> m(static_cast<size_t>(S * M)), base(M);
+  for (float& v : m) v = nd(rng);
+  for (float& v : base) v = 0.3f * nd(rng);
+  const std::vector<float> scale = {0.8f, 1.1f, 0.9f};
+  float *dpre = dev(nan_vec(S * C)), *dpost = dev(nan_vec(S * C)), *dcomb = dev(nan_vec(S * C * C));
+  ASSERT_TRUE(hc::split_cuda(ctx(), dev(m), dev(scale), dev(base), C, S, 20, 1e-6f, dpre, dpost, dcomb).ok());
+  sync();
+  const std::vector<float> gpre = to_host(dpre, S * C), gpost = to_host(dpost, S * C), gcomb = to_host(dcomb, S * C * C);
+  double worst = 0;
+  for (int t = 0; t < S; ++t) {
+    const hc::Split sp = hc::split(&m[t * M], scale.data(), base.data(), C, 20, 1e-6f);
+    for (int i = 0; i < C; ++i) {
+      auto rel = [](float got, float want) { return std::fabs(static_cast<double>(got) - want) / std::fabs(want); };
+      worst = std::max({worst, rel(gpre[t * C + i], sp.pre[i]), rel(gpost[t * C + i], sp.post[i])});
+      for (int j = 0; j < C; ++j) worst = std::max(worst, rel(gcomb[(t * C + i) * C + j], sp.comb[i][j]));
+    }
+  }
+  std::printf("hc split: %d tokens, max relative difference %.2e\n", S, worst);
+  EXPECT_LT(worst, 1e-5);
+}
+
+// Embedding and Engram rows of the golden model, gathered on the device: bit-exact.
+TEST_F(ModelOpsCuda, GatherRowsIsBitExactOnTheGoldenTables) {
+  auto file = gguf::Model::open(testing::golden_dir() + "/tiny_a.gguf");
+  ASSERT_TRUE(file.ok());
+  size_t values = 0;
+  for (const std::string name : {"token_embd.weight", "blk.1.engram_embd.weight", "output.weight"}) {
+    const gguf::TensorInfo* t = (*file)->find_tensor(name);
+    if (t == nullptr) continue;
+    auto w = weight_view(**file, *t);
+    ASSERT_TRUE(w.ok());
+    const std::vector<uint8_t> raw(w->data, w->data + w->rows * w->row_bytes);
+    std::mt19937_64 rng(6);
+    std::vector<int64_t> ids = {0, w->rows - 1, -1, w->rows};
+    for (int i = 0; i < 29; ++i) ids.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(w->rows)));
+    float* d = dev(nan_vec(ids.size() * w->cols));
+    ASSERT_TRUE(dequant::gather_rows_cuda(ctx(), w->type, dev(raw), w->cols, w->row_bytes, w->rows, dev(ids),
+                                          static_cast<int64_t>(ids.size()), true, d).ok());
+    sync();
+    const std::vector<float> got = to_host(d, ids.size() * w->cols);
+    std::vector<float> row(w->cols);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const bool inside = ids[i] >= 0 && ids[i] < w->rows;
+      if (inside) decode_weight_row(*w, ids[i], row.data());
+      for (int64_t c = 0; c < w->cols; ++c) {
+        const float g = got[i * w->cols + c];
+        if (!inside) {
+          ASSERT_TRUE(std::isnan(g)) << name << " id " << ids[i];
+          continue;
+        }
+        ASSERT_EQ(quant::f32_bits(g), quant::f32_bits(quant::round_bf16(row[c]))) << name << " row " << ids[i] << " col " << c;
+        ++values;
+      }
+    }
+  }
+  // Quantised tables (the released Engram and embedding rungs): encoded random rows.
+  for (quant::GgmlType type : {quant::GgmlType::kQ2_K, quant::GgmlType::kQ4_K, quant::GgmlType::kQ8_0}) {
+    const int64_t rows = 37, cols = 512;
+    const quant::TypeTraits& tt = quant::traits(type);
+    const uint64_t row_bytes = cols / tt.block_elems * tt.block_bytes;
+    std::mt19937 rng(7);
+    const std::vector<float> src = bf16_normal(rng, rows * cols);
+    std::vector<uint8_t> raw(rows * row_bytes);
+    for (int64_t r = 0; r < rows; ++r) ASSERT_TRUE(quant::encode_row(type, &src[r * cols], &raw[r * row_bytes], cols).ok());
+    const std::vector<int64_t> ids = {36, 0, 5, 5, 20};
+    float* d = dev(nan_vec(ids.size() * cols));
+    ASSERT_TRUE(dequant::gather_rows_cuda(ctx(), type, dev(raw), cols, row_bytes, rows, dev(ids),
+                                          static_cast<int64_t>(ids.size()), false, d).ok());
+    sync();
+    const std::vector<float> got = to_host(d, ids.size() * cols);
+    std::vector<float> row(cols);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_TRUE(quant::decode_row(type, &raw[ids[i] * row_bytes], row.data(), cols).ok());
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(quant::f32_bits(got[i * cols + c]), quant::f32_bits(row[c])) << tt.name << " row " << ids[i];
+        ++values;
+      }
+    }
+  }
+  std::printf("gather_rows: %zu golden and quantised values bit-exact\n", values);
+  EXPECT_GT(values, 0u);
+}
+
+}  // namespace
+}  // namespace dsflash::kernels
