@@ -15,7 +15,7 @@ for t in json.load(sys.stdin)["tests"]:
   "$build/expertstore_svc/dsflash-expertstore" "$build/tools/dsflash" "$build/tools/expertstore_bench"
 git rev-parse --short HEAD > out/gpu/commit
 mkdir -p out/gpu/golden
-cp ../shared/golden/tiny_a.gguf out/gpu/golden/
+cp ../shared/golden/tiny_a.gguf ../shared/golden/tiny_a_golden.safetensors out/gpu/golden/
 strip --strip-unneeded out/gpu/bin/* out/gpu/lib/* 2>/dev/null || true
 tar -C out -cJf out/gpu.tar.xz gpu
 echo "bundle: out/gpu ($(du -sh out/gpu | cut -f1)), out/gpu.tar.xz ($(du -sh out/gpu.tar.xz | cut -f1));"

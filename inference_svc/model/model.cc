@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/quant/numeric.h"
 #include "inference_svc/model/call.h"
+#include "inference_svc/model/device_model.h"
 #include "inference_svc/model/weights.h"
 #include "kernels/hc/hc.h"
 #include "kernels/norm/norm.h"
@@ -13,7 +14,8 @@ namespace dsflash::model {
 
 Model::~Model() = default;
 
-StatusOr<std::unique_ptr<Model>> Model::load(const gguf::Model& file, std::unique_ptr<ExpertSource> experts) {
+StatusOr<std::unique_ptr<Model>> Model::load(const gguf::Model& file, std::unique_ptr<ExpertSource> experts,
+                                             const LoadOptions& options) {
   std::unique_ptr<Model> m(new Model());
   ASSIGN_OR_RETURN(m->cfg_, config::from_gguf(file));
   RETURN_IF_ERROR(config::validate_tensors(m->cfg_, file));
@@ -37,11 +39,25 @@ StatusOr<std::unique_ptr<Model>> Model::load(const gguf::Model& file, std::uniqu
     experts = std::move(src);
   }
   m->experts_ = std::move(experts);
+  if (options.backend == kernels::Backend::kCuda) {
+    if (dynamic_cast<GgufExpertSource*>(m->experts_.get()) == nullptr) {
+      return absl::UnimplementedError(
+          "the CUDA backend keeps every routed expert in device memory; an external expert source (--expert-store) "
+          "is not supported with it yet");
+    }
+    ASSIGN_OR_RETURN(m->device_, DeviceModel::load(file, c));
+  }
   return m;
 }
 
 std::unique_ptr<Sequence> Model::new_sequence() const {
   auto s = std::make_unique<Sequence>();
+  if (device_) {
+    auto d = device_->new_sequence();
+    if (!d.ok()) return nullptr;
+    s->device = std::move(*d);
+    return s;
+  }
   s->layers.resize(cfg_.n_layer);
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
     LayerState& st = s->layers[l];
@@ -134,6 +150,17 @@ Status Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool al
       return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is outside the vocabulary (", cfg_.n_vocab, ")"));
     }
     seq.engram_ids.push_back(cfg_.engram.token_map[t]);
+  }
+  if (device_) {
+    if (hook) return absl::InvalidArgumentError("forward hooks are a CPU-backend facility");
+    if (!seq.device) return absl::InvalidArgumentError("a CPU sequence given to the CUDA backend");
+    const Status s = device_->forward(seq, tokens, all_logits, logits);
+    if (!s.ok()) {
+      seq.engram_ids.resize(seq.engram_ids.size() - tokens.size());
+      return s;
+    }
+    seq.n_past += S;
+    return absl::OkStatus();
   }
   Call call;
   call.pos0 = seq.n_past;

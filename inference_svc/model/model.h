@@ -19,6 +19,7 @@
 #include "common/config/config.h"
 #include "common/gguf/gguf.h"
 #include "common/status.h"
+#include "kernels/exec.h"
 #include "kernels/linear/linear.h"
 #include "kernels/rope/rope.h"
 
@@ -63,10 +64,19 @@ struct LayerState {
   std::vector<float> index_k;    // KV sources: index keys [n][index_head_dim]
 };
 
+struct DeviceSequence;  // model/device_model.h
+
 struct Sequence {
   int64_t n_past = 0;
-  std::vector<LayerState> layers;
+  std::vector<LayerState> layers;   // CPU backend
   std::vector<int64_t> engram_ids;  // compressed ids of every position so far
+  std::shared_ptr<DeviceSequence> device;  // CUDA backend: caches and stream on the device
+};
+
+struct LoadOptions {
+  // kCuda: every weight, routed experts included, is copied to device memory and the forward
+  // pass runs there (model/device_model.h); needs an in-process expert source.
+  kernels::Backend backend = kernels::Backend::kCpu;
 };
 
 // Called with every named intermediate (e.g. "L3.attn.norm_out", rows x cols values); the
@@ -74,19 +84,24 @@ struct Sequence {
 using Hook = std::function<void(const std::string& name, float* data, int64_t rows, int64_t cols)>;
 
 struct LayerWeights;  // model/weights.h
+class DeviceModel;    // model/device_model.h
 
 class Model {
  public:
-  static StatusOr<std::unique_ptr<Model>> load(const gguf::Model& file, std::unique_ptr<ExpertSource> experts = nullptr);
+  static StatusOr<std::unique_ptr<Model>> load(const gguf::Model& file, std::unique_ptr<ExpertSource> experts = nullptr,
+                                               const LoadOptions& options = {});
   ~Model();
 
   const config::ModelConfig& config() const { return cfg_; }
+  kernels::Backend backend() const { return device_ ? kernels::Backend::kCuda : kernels::Backend::kCpu; }
+  // A fresh sequence (on the CUDA backend its device state; null when that allocation fails).
   std::unique_ptr<Sequence> new_sequence() const;
 
   // Runs `tokens` at positions seq.n_past...: a prefill (seq empty), a further prefill chunk,
   // or one decode token. The reference supports only the first and the last; a chunk does
   // the same math (each query lists its window in increasing position order, as a prefill
   // does). logits gets [rows][n_vocab] fp32: every position when all_logits, else the last.
+  // Hooks are a CPU-backend facility.
   Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits,
                  const Hook& hook = nullptr) const;
 
@@ -115,6 +130,7 @@ class Model {
   std::vector<float> output_norm_;
   kernels::rope::Table rope_plain_, rope_yarn_;
   std::unique_ptr<ExpertSource> experts_;
+  std::unique_ptr<DeviceModel> device_;
 };
 
 }  // namespace dsflash::model

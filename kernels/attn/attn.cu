@@ -16,8 +16,8 @@ constexpr int kAttnThreads = 128;
 // grid (H, S): one head of one query row. Per chunk: logits by warps, the chunk max and the
 // probabilities by warp 0 (their sum in entry order by lane 0), then each thread forms the
 // chunk's value sum for its dims in entry order and folds it into the accumulator.
-__global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv,
-                                   const int32_t* __restrict__ idx, int64_t width, const float* __restrict__ sink,
+__global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv_a,
+                                   int64_t n_a, const float* __restrict__ kv_b, const int32_t* __restrict__ idx, int64_t width, const float* __restrict__ sink,
                                    float scale, float* __restrict__ o) {
   extern __shared__ float smem[];
   float* qh = smem;       // [Dh]
@@ -42,7 +42,7 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
       const int32_t j = list[c0 + k];
       float dot = 0.0f;
       if (j >= 0) {
-        const float* row = kv + static_cast<int64_t>(j) * Dh;
+        const float* row = j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh;
         for (int64_t d = lane; d < Dh; d += 32) dot = fmaf(qh[d], row[d], dot);
       }
       dot = cuda::warp_sum(dot);
@@ -72,7 +72,10 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
       float part = 0.0f;
       for (int k = 0; k < cn; ++k) {
         const int32_t j = list[c0 + k];
-        if (j >= 0) part = __fadd_rn(part, __fmul_rn(pb[k], kv[static_cast<int64_t>(j) * Dh + d]));
+        if (j >= 0) {
+          const float* row = j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh;
+          part = __fadd_rn(part, __fmul_rn(pb[k], row[d]));
+        }
       }
       acc[d] = __fadd_rn(__fmul_rn(acc[d], rescale), part);
     }
@@ -103,8 +106,8 @@ constexpr int kScoreWarps = 8;
 
 // grid (ceil(n_keys / 8), S): one key per warp, the heads in order.
 __global__ void index_scores_kernel(const float* __restrict__ q, int Hi, int64_t Di, const float* __restrict__ keys,
-                                    int64_t n_keys, const float* __restrict__ w, int64_t pos0, int ratio,
-                                    float* __restrict__ score) {
+                                    int64_t n_keys, const float* __restrict__ w, float w_scale, int64_t pos0,
+                                    int ratio, float* __restrict__ score) {
   const int lane = threadIdx.x & 31;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kScoreWarps + (threadIdx.x >> 5);
   const int64_t t = blockIdx.y;
@@ -124,7 +127,7 @@ __global__ void index_scores_kernel(const float* __restrict__ q, int Hi, int64_t
     for (int64_t d = lane; d < Di; d += 32) dot = fmaf(qt[h * Di + d], kj[d], dot);
     dot = cuda::warp_sum(dot);
     const float relu = fmaxf(round_bf16(dot), 0.0f);
-    sum = __fadd_rn(sum, round_bf16(__fmul_rn(relu, wt[h])));
+    sum = __fadd_rn(sum, round_bf16(__fmul_rn(relu, round_bf16(__fmul_rn(wt[h], w_scale)))));
   }
   if (lane == 0) *out = round_bf16(sum);
 }
@@ -215,6 +218,46 @@ __global__ void expand_mask_kernel(const uint8_t* __restrict__ keep, int64_t n, 
   mask[i] = keep[t * nb + j / block];
 }
 
+__global__ void window_index_kernel(int64_t pos0, int64_t S, int64_t W, int64_t width, int32_t* __restrict__ idx,
+                                    int64_t ld) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][width]
+  if (i >= S * width) return;
+  const int64_t t = i / width, j = i % width, p = pos0 + t;
+  int32_t v = -1;
+  if (pos0 > 0 && S == 1) {
+    const int64_t slot = (pos0 % W + 1 + j) % W;
+    v = slot > pos0 ? -1 : static_cast<int32_t>(slot);
+  } else {
+    const int64_t first = max(int64_t{0}, p - W + 1), q = first + j, ring_rows = pos0 > 0 ? W : 0;
+    if (q <= p) v = static_cast<int32_t>(q >= pos0 ? ring_rows + (q - pos0) : q % W);
+  }
+  idx[t * ld + j] = v;
+}
+
+__global__ void ring_write_kernel(const float* __restrict__ kv, int64_t pos0, int64_t S, int64_t first, int64_t W,
+                                  int64_t Dh, float* __restrict__ ring) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S - first][Dh]
+  if (i >= (S - first) * Dh) return;
+  const int64_t t = first + i / Dh, d = i % Dh;
+  ring[((pos0 + t) % W) * Dh + d] = kv[t * Dh + d];
+}
+
+__global__ void publish_topk_kernel(const int32_t* __restrict__ top, int64_t S, int64_t k, int64_t pos0, int ratio,
+                                    int64_t n_win, int32_t* __restrict__ out, int64_t ld) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= S * k) return;
+  const int64_t t = i / k, visible = (pos0 + t + 1) / ratio;
+  const int32_t j = top[i];
+  out[t * ld + i % k] = j < visible ? static_cast<int32_t>(j + n_win) : -1;
+}
+
+__global__ void mask_candidates_kernel(float* __restrict__ score, const uint8_t* __restrict__ cand, int64_t S,
+                                       int64_t n, int64_t cand_ld) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= S * n) return;
+  if (!cand[(i / n) * cand_ld + i % n]) score[i] = -INFINITY;
+}
+
 cudaStream_t stream_of(const ExecCtx& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
 
 cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
@@ -223,15 +266,16 @@ cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
 
 }  // namespace
 
-Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, int64_t Dh, const float* kv,
-                        const int32_t* idx, int64_t width, const float* sink, float scale, float* o) {
+Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a,
+                        int64_t n_a, const float* kv_b, const int32_t* idx, int64_t width, const float* sink,
+                        float scale, float* o) {
   if (S <= 0 || H <= 0) return absl::OkStatus();
   if (Dh <= 0 || Dh > 4096) return absl::InvalidArgumentError(absl::StrCat("sparse_attn_cuda: head dim ", Dh));
   const size_t smem = 2 * static_cast<size_t>(Dh) * sizeof(float);
   return cuda::launch(sparse_attn_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(H), static_cast<unsigned>(S)), dim3(kAttnThreads),
                                          smem, stream_of(ctx)},
-                      q, H, Dh, kv, idx, width, sink, scale, o);
+                      q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o);
 }
 
 Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t groups, int r, int64_t n, float* latent) {
@@ -240,12 +284,12 @@ Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t gro
 }
 
 Status index_scores_cuda(const ExecCtx& ctx, const float* q, int64_t S, int Hi, int64_t Di, const float* keys,
-                         int64_t n_keys, const float* w, int64_t pos0, int ratio, float* score) {
+                         int64_t n_keys, const float* w, float w_scale, int64_t pos0, int ratio, float* score) {
   if (S <= 0 || n_keys <= 0) return absl::OkStatus();
   if (ratio <= 0) return absl::InvalidArgumentError(absl::StrCat("index_scores_cuda: ratio ", ratio));
   const dim3 grid(static_cast<unsigned>((n_keys + kScoreWarps - 1) / kScoreWarps), static_cast<unsigned>(S));
   return cuda::launch(index_scores_kernel, cuda::LaunchParams{grid, dim3(kScoreWarps * 32), 0, stream_of(ctx)}, q, Hi,
-                      Di, keys, n_keys, w, pos0, ratio, score);
+                      Di, keys, n_keys, w, w_scale, pos0, ratio, score);
 }
 
 Status topk_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, int64_t k, int32_t* out) {
@@ -284,6 +328,31 @@ Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, in
   cudaFreeAsync(chosen, st);
   cudaFreeAsync(keep, st);
   return s;
+}
+
+Status window_index_cuda(const ExecCtx& ctx, int64_t pos0, int64_t S, int64_t W, int32_t* idx, int64_t ld) {
+  const int64_t width = pos0 == 0 ? std::min(S, W) : W;
+  if (S <= 0 || width <= 0) return absl::OkStatus();
+  return cuda::launch(window_index_kernel, flat(ctx, S * width), pos0, S, W, width, idx, ld);
+}
+
+Status ring_write_cuda(const ExecCtx& ctx, const float* kv, int64_t pos0, int64_t S, int64_t W, int64_t Dh,
+                       float* ring) {
+  const int64_t first = std::max<int64_t>(0, S - W);
+  if (S <= 0) return absl::OkStatus();
+  return cuda::launch(ring_write_kernel, flat(ctx, (S - first) * Dh), kv, pos0, S, first, W, Dh, ring);
+}
+
+Status publish_topk_cuda(const ExecCtx& ctx, const int32_t* top, int64_t S, int64_t k, int64_t pos0, int ratio,
+                         int64_t n_win, int32_t* out, int64_t ld) {
+  if (S <= 0 || k <= 0) return absl::OkStatus();
+  return cuda::launch(publish_topk_kernel, flat(ctx, S * k), top, S, k, pos0, ratio, n_win, out, ld);
+}
+
+Status mask_candidates_cuda(const ExecCtx& ctx, float* score, const uint8_t* cand, int64_t S, int64_t n,
+                            int64_t cand_ld) {
+  if (S <= 0 || n <= 0) return absl::OkStatus();
+  return cuda::launch(mask_candidates_kernel, flat(ctx, S * n), score, cand, S, n, cand_ld);
 }
 
 }  // namespace dsflash::kernels::attn

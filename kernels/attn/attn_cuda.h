@@ -12,18 +12,21 @@
 
 namespace dsflash::kernels::attn {
 
-// o[S][H][Dh] = sparse_attn of each query row q[t] over kv[idx[t][*]] (width entries, -1 =
-// none), the sink sink[H] in every denominator. Dh <= 4096.
-Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, int64_t Dh, const float* kv,
-                        const int32_t* idx, int64_t width, const float* sink, float scale, float* o);
+// o[S][H][Dh] = sparse_attn of each query row q[t] over the rows idx[t][*] (width entries,
+// -1 = none) of [kv_a (n_a rows) ; kv_b]: index j < n_a reads kv_a[j], else kv_b[j - n_a] (the
+// window rows and the compressed cache, without joining them). The sink sink[H] is in every
+// denominator. Dh <= 4096.
+Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a,
+                        int64_t n_a, const float* kv_b, const int32_t* idx, int64_t width, const float* sink,
+                        float scale, float* o);
 
 // latent[g][n] = pool_group of k[g], s[g] ([r][n] each) for `groups` groups.
 Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t groups, int r, int64_t n, float* latent);
 
-// score[S][n_keys] = index_scores of q[t] ([Hi][Di]) with weights w[t] ([Hi]); keys the query
-// cannot see yet (j >= (pos0 + t + 1) / ratio, groups completed up to it) get -inf.
+// score[S][n_keys] = index_scores of q[t] ([Hi][Di]) with weights bf16(w[t][h] * w_scale); keys
+// the query cannot see yet (j >= (pos0 + t + 1) / ratio, groups completed up to it) get -inf.
 Status index_scores_cuda(const ExecCtx& ctx, const float* q, int64_t S, int Hi, int64_t Di, const float* keys,
-                         int64_t n_keys, const float* w, int64_t pos0, int ratio, float* score);
+                         int64_t n_keys, const float* w, float w_scale, int64_t pos0, int ratio, float* score);
 
 // out[rows][k] = topk_ascending of each row of v [rows][n] (0 < k <= n): the k largest, ties
 // towards the lower index, listed in ascending index order.
@@ -33,5 +36,22 @@ Status topk_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, in
 // ratio. Scratch comes from the stream-ordered allocator.
 Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, int64_t n, int64_t pos0, int ratio,
                            int64_t topk_blocks, int64_t block, uint8_t* mask);
+
+// The index plumbing of the model's attention (inference_svc/model/attention.cc, window_kv and
+// indexer), on the device:
+// Window index lists for a call of S tokens at pos0 with window W into idx [S][ld] (columns
+// [0, width), width = pos0 == 0 ? min(S, W) : W): a prefill at 0 lists max(0, t-W+1)..t of this
+// call's rows; a decode step (pos0 > 0, S == 1) the ring oldest slot first; a later chunk the last
+// W positions in [ring ; this call's rows]; -1 padded.
+Status window_index_cuda(const ExecCtx& ctx, int64_t pos0, int64_t S, int64_t W, int32_t* idx, int64_t ld);
+// ring[(pos0 + t) mod W] = kv[t] for the last min(S, W) rows of kv [S][Dh].
+Status ring_write_cuda(const ExecCtx& ctx, const float* kv, int64_t pos0, int64_t S, int64_t W, int64_t Dh,
+                       float* ring);
+// out[t][i] (row stride ld) = top[t][i] < (pos0 + t + 1) / ratio ? top[t][i] + n_win : -1.
+Status publish_topk_cuda(const ExecCtx& ctx, const int32_t* top, int64_t S, int64_t k, int64_t pos0, int ratio,
+                         int64_t n_win, int32_t* out, int64_t ld);
+// score[t][j] = -inf where !cand[t][j] (score [S][n], cand [S][cand_ld]).
+Status mask_candidates_cuda(const ExecCtx& ctx, float* score, const uint8_t* cand, int64_t S, int64_t n,
+                            int64_t cand_ld);
 
 }  // namespace dsflash::kernels::attn

@@ -1,8 +1,19 @@
-// Device discovery when the build has no CUDA backend.
+// Device discovery, streams and memory when the build has no CUDA backend.
 #include "kernels/exec.h"
 
 namespace dsflash::kernels {
+namespace {
+Status no_cuda() { return absl::FailedPreconditionError("dsflash was built without the CUDA backend"); }
+}  // namespace
 
 bool cuda_available() { return false; }
+StatusOr<void*> stream_create() { return no_cuda(); }
+void stream_destroy(void*) {}
+Status stream_sync(const ExecCtx&) { return no_cuda(); }
+StatusOr<void*> device_alloc(const ExecCtx&, size_t) { return no_cuda(); }
+void device_free(const ExecCtx&, void*) {}
+Status copy(const ExecCtx&, Copy, void*, const void*, size_t) { return no_cuda(); }
+Status copy_2d(const ExecCtx&, void*, size_t, const void*, size_t, size_t, size_t) { return no_cuda(); }
+Status fill_zero(const ExecCtx&, void*, size_t) { return no_cuda(); }
 
 }  // namespace dsflash::kernels

@@ -14,21 +14,33 @@ Status rms_norm_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_
 }
 
 namespace attn {
-Status sparse_attn_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, const float*, const int32_t*, int64_t,
-                        const float*, float, float*) {
+Status sparse_attn_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, const float*, int64_t, const float*,
+                        const int32_t*, int64_t, const float*, float, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status pool_cuda(const ExecCtx&, const float*, const float*, int64_t, int, int64_t, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-Status index_scores_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, const float*, int64_t, const float*, int64_t,
-                         int, float*) {
+Status index_scores_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, const float*, int64_t, const float*, float,
+                         int64_t, int, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status topk_cuda(const ExecCtx&, const float*, int64_t, int64_t, int64_t, int32_t*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status candidate_mask_cuda(const ExecCtx&, const float*, int64_t, int64_t, int64_t, int, int64_t, int64_t, uint8_t*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status window_index_cuda(const ExecCtx&, int64_t, int64_t, int64_t, int32_t*, int64_t) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status ring_write_cuda(const ExecCtx&, const float*, int64_t, int64_t, int64_t, int64_t, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status publish_topk_cuda(const ExecCtx&, const int32_t*, int64_t, int64_t, int64_t, int, int64_t, int32_t*, int64_t) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status mask_candidates_cuda(const ExecCtx&, float*, const uint8_t*, int64_t, int64_t, int64_t) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 }  // namespace attn
@@ -44,6 +56,12 @@ Status route_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_t, 
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status swiglu_cuda(const ExecCtx&, float*, const float*, int64_t, int64_t, float, const float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status gather_tokens_cuda(const ExecCtx&, const float*, int64_t, const int32_t*, int64_t, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status combine_cuda(const ExecCtx&, const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 }  // namespace moe
@@ -77,7 +95,7 @@ Status fp4_e8m0_32_cuda(const ExecCtx&, float*, int64_t) {
 }  // namespace qdq
 
 namespace rope {
-Status apply_cuda(const ExecCtx&, const float*, int, float*, int64_t, int64_t, int64_t, int64_t, bool) {
+Status apply_cuda(const ExecCtx&, const float*, int, float*, int64_t, int64_t, int64_t, int64_t, bool, int64_t) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 }  // namespace rope

@@ -1,13 +1,88 @@
-// Device discovery for the CUDA backend.
+// Device discovery, streams, memory and copies for the CUDA backend (see exec.h).
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
+#include "kernels/cuda/cuda_util.cuh"
 #include "kernels/exec.h"
 
 namespace dsflash::kernels {
+namespace {
+
+cudaStream_t stream_of(const ExecCtx& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
+
+// The default pool returns freed memory to the driver at every synchronisation unless told
+// to keep it: keep it, so per-step scratch costs no driver calls after the first step.
+Status keep_pool_memory() {
+  static const Status once = []() -> Status {
+    int dev = 0;
+    CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+    cudaMemPool_t pool;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, dev));
+    uint64_t keep = UINT64_MAX;
+    CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    return absl::OkStatus();
+  }();
+  return once;
+}
+
+}  // namespace
 
 bool cuda_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+StatusOr<void*> stream_create() {
+  cudaStream_t s = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return static_cast<void*>(s);
+}
+
+void stream_destroy(void* stream) {
+  if (stream != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+Status stream_sync(const ExecCtx& ctx) {
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_of(ctx)));
+  return absl::OkStatus();
+}
+
+StatusOr<void*> device_alloc(const ExecCtx& ctx, size_t bytes) {
+  RETURN_IF_ERROR(keep_pool_memory());
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, stream_of(ctx));
+  if (e != cudaSuccess) {
+    return absl::ResourceExhaustedError(absl::StrCat("device allocation of ", bytes, " bytes: ", cudaGetErrorString(e)));
+  }
+  return p;
+}
+
+void device_free(const ExecCtx& ctx, void* p) {
+  if (p != nullptr) cudaFreeAsync(p, stream_of(ctx));
+}
+
+Status copy(const ExecCtx& ctx, Copy kind, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  const cudaMemcpyKind k = kind == Copy::kHostToDevice   ? cudaMemcpyHostToDevice
+                           : kind == Copy::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                         : cudaMemcpyDeviceToDevice;
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, k, stream_of(ctx)));
+  return absl::OkStatus();
+}
+
+Status copy_2d(const ExecCtx& ctx, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+               size_t rows) {
+  if (width == 0 || rows == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, stream_of(ctx)));
+  return absl::OkStatus();
+}
+
+Status fill_zero(const ExecCtx& ctx, void* p, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, bytes, stream_of(ctx)));
+  return absl::OkStatus();
 }
 
 }  // namespace dsflash::kernels

@@ -27,7 +27,7 @@ __device__ __forceinline__ void scale_min_k4(int k, const uint8_t* s, int* sc, i
 }
 
 // Value e (0..255) of a Q2_K block b: scales[16] | qs[64] | d | dmin.
-__device__ float q2_k(const uint8_t* b, int e) {
+__device__ inline float q2_k(const uint8_t* b, int e) {
   const int n = e / 128, r = e % 128, j = r / 32, l = r % 32;
   const int sc = b[8 * n + 2 * j + l / 16];
   const int q = (b[16 + 32 * n + l] >> (2 * j)) & 3;
@@ -37,7 +37,7 @@ __device__ float q2_k(const uint8_t* b, int e) {
 }
 
 // Q3_K: hmask[32] | qs[64] | scales[12] | d.
-__device__ float q3_k(const uint8_t* b, int e) {
+__device__ inline float q3_k(const uint8_t* b, int e) {
   const int n = e / 128, r = e % 128, j = r / 32, l = r % 32;
   const int s = 8 * n + 2 * j + l / 16;
   const uint8_t* sc = b + 96;
@@ -63,7 +63,7 @@ __device__ float q45_k(const uint8_t* b, int e) {
 }
 
 // Q6_K: ql[128] | qh[64] | scales[16] | d.
-__device__ float q6_k(const uint8_t* b, int e) {
+__device__ inline float q6_k(const uint8_t* b, int e) {
   const int n = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
   const uint8_t ql = b[64 * n + l + ((quarter & 1) ? 32 : 0)];
   const int lo = (quarter & 2) ? (ql >> 4) : (ql & 0xf);
@@ -72,14 +72,15 @@ __device__ float q6_k(const uint8_t* b, int e) {
   return __fmul_rn(__fmul_rn(half_at(b + 208), static_cast<float>(sc)), static_cast<float>((lo | (hi << 4)) - 32));
 }
 
-__device__ float q8_0(const uint8_t* b, int e) {
+__device__ inline float q8_0(const uint8_t* b, int e) {
   return __fmul_rn(half_at(b), static_cast<float>(static_cast<int8_t>(b[2 + e])));
 }
 
 // Doubled E2M1 values, in constant memory (a local array would spill to local memory).
 __constant__ int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-__device__ float mxfp4(const uint8_t* b, int e) {  const uint32_t x = b[0];
+__device__ inline float mxfp4(const uint8_t* b, int e) {
+  const uint32_t x = b[0];
   const float scale = __uint_as_float(x < 2 ? (0x00200000u << x) : ((x - 1) << 23));
   const uint8_t q = b[1 + (e % 16)];
   return __fmul_rn(static_cast<float>(kMxfp4Values[e < 16 ? (q & 0xf) : (q >> 4)]), scale);

@@ -75,7 +75,40 @@ __global__ void swiglu_kernel(float* __restrict__ a, const float* __restrict__ b
   a[i] = cuda::round_bf16(__fmul_rn(w, __fmul_rn(silu, u)));
 }
 
+__global__ void gather_tokens_kernel(const float* __restrict__ x, int64_t D, const int32_t* __restrict__ tok, int64_t n,
+                                     float* __restrict__ dst) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * D) return;
+  dst[i] = x[static_cast<int64_t>(tok[i / D]) * D + i % D];
+}
+
+__global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ rows,
+                               const float* __restrict__ shared, int64_t S, int64_t K, int64_t D, float* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= S * D) return;
+  const int64_t t = i / D, d = i % D;
+  float acc = 0.0f;
+  for (int64_t k = 0; k < K; ++k) acc = __fadd_rn(acc, y[static_cast<int64_t>(rows[t * K + k]) * D + d]);
+  out[i] = cuda::round_bf16(__fadd_rn(acc, shared[i]));
+}
+
+cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
+  return cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0,
+                            static_cast<cudaStream_t>(ctx.cuda_stream)};
+}
+
 }  // namespace
+
+Status gather_tokens_cuda(const ExecCtx& ctx, const float* x, int64_t D, const int32_t* tok, int64_t n, float* dst) {
+  if (n <= 0 || D <= 0) return absl::OkStatus();
+  return cuda::launch(gather_tokens_kernel, flat(ctx, n * D), x, D, tok, n, dst);
+}
+
+Status combine_cuda(const ExecCtx& ctx, const float* y, const int32_t* rows, const float* shared, int64_t S, int64_t K,
+                    int64_t D, float* out) {
+  if (S <= 0 || D <= 0) return absl::OkStatus();
+  return cuda::launch(combine_kernel, flat(ctx, S * D), y, rows, shared, S, K, D, out);
+}
 
 Status route_cuda(const ExecCtx& ctx, const float* logits, const float* bias, int64_t S, int64_t E, int64_t k,
                   bool norm_topk, float route_scale, int32_t* experts, float* weights) {

@@ -125,7 +125,11 @@ TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
                         &want[t * sh.H * sh.Dh]);
     }
     float* d_o = dev(nan_vec(q.size()));
-    ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), dev(q), sh.S, sh.H, sh.Dh, dev(kv), dev(idx), sh.width, dev(sink), scale, d_o).ok());
+    // Rows split between two sources at n_a (window rows ; compressed cache).
+    const int64_t n_a = sh.n_rows / 3;
+    const float* d_kv = dev(kv);
+    ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), dev(q), sh.S, sh.H, sh.Dh, d_kv, n_a, d_kv + n_a * sh.Dh, dev(idx), sh.width,
+                                       dev(sink), scale, d_o).ok());
     sync();
     agree.add(want, to_host(d_o, want.size()), "sparse_attn Dh=" + std::to_string(sh.Dh));
   }
@@ -156,13 +160,15 @@ TEST_F(ModelOpsCuda, PoolAndIndexScoresMatchCpu) {
                           Shape{1, 32, 128, 4096, 4095, 1}, Shape{17, 8, 64, 33, 16, 1}}) {
     const std::vector<float> q = bf16_normal(rng, sh.S * sh.Hi * sh.Di), keys = bf16_normal(rng, sh.n_keys * sh.Di);
     const std::vector<float> w = bf16_normal(rng, sh.S * sh.Hi, 0.1f);
-    std::vector<float> want(static_cast<size_t>(sh.S * sh.n_keys));
+    std::vector<float> want(static_cast<size_t>(sh.S * sh.n_keys)), ws(w.size());
+    const float w_scale = 1.0f / std::sqrt(static_cast<float>(sh.Di * sh.Hi));
+    for (size_t i = 0; i < w.size(); ++i) ws[i] = quant::round_bf16(w[i] * w_scale);  // as the model scales them
     for (int64_t t = 0; t < sh.S; ++t) {
-      attn::index_scores(&q[t * sh.Hi * sh.Di], sh.Hi, sh.Di, keys.data(), sh.n_keys, &w[t * sh.Hi], &want[t * sh.n_keys]);
+      attn::index_scores(&q[t * sh.Hi * sh.Di], sh.Hi, sh.Di, keys.data(), sh.n_keys, &ws[t * sh.Hi], &want[t * sh.n_keys]);
       for (int64_t j = (sh.pos0 + t + 1) / sh.ratio; j < sh.n_keys; ++j) want[t * sh.n_keys + j] = -INFINITY;
     }
     float* d = dev(nan_vec(want.size()));
-    ASSERT_TRUE(attn::index_scores_cuda(ctx(), dev(q), sh.S, sh.Hi, sh.Di, dev(keys), sh.n_keys, dev(w), sh.pos0, sh.ratio, d).ok());
+    ASSERT_TRUE(attn::index_scores_cuda(ctx(), dev(q), sh.S, sh.Hi, sh.Di, dev(keys), sh.n_keys, dev(w), w_scale, sh.pos0, sh.ratio, d).ok());
     sync();
     scores.add(want, to_host(d, want.size()), "index_scores");
   }

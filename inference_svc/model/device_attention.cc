@@ -1,0 +1,207 @@
+// The attention sub-layer on the CUDA backend, as attention.cc: query and window-KV paths,
+// the compressor and the indexer of source layers, sparse attention over [window rows ;
+// compressed cache] and the grouped low-rank output.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "inference_svc/model/device_model.h"
+#include "kernels/attn/attn_cuda.h"
+#include "kernels/norm/norm_cuda.h"
+#include "kernels/qdq/qdq_cuda.h"
+#include "kernels/rope/rope_cuda.h"
+
+namespace dsflash::model {
+
+using kernels::Copy;
+using kernels::ExecCtx;
+
+// Ratio 1: a bf16 projection per token. Ratio 2: fp32 projections, pairs pooled as the
+// sequence completes them (a partial pair waits in the sequence state). Normalised latents.
+StatusOr<DevBuf<float>> DeviceModel::compress(int l, Call& call, const float* x, int64_t* n_new) const {
+  const Layer& w = layers_[l];
+  const ExecCtx& ctx = call.ctx;
+  const int r = cfg_.layers[l].compress_ratio;
+  const int64_t Dh = cfg_.head_dim, S = call.S, pos0 = call.pos0;
+  ASSIGN_OR_RETURN(auto latent, DevBuf<float>::make(ctx, (S / r + 1) * Dh));
+  if (r == 1) {
+    RETURN_IF_ERROR(dev_linear(ctx, w.comp_kv, x, S, latent.get()));
+    *n_new = S;
+  } else {
+    DeviceLayerState& st = call.seq.layers[l];
+    ASSIGN_OR_RETURN(auto k, DevBuf<float>::make(ctx, S * Dh));
+    ASSIGN_OR_RETURN(auto s, DevBuf<float>::make(ctx, S * Dh));
+    RETURN_IF_ERROR(dev_linear(ctx, w.comp_kv, x, S, k.get(), kernels::OutRound::kF32));
+    RETURN_IF_ERROR(dev_linear(ctx, w.comp_gate, x, S, s.get(), kernels::OutRound::kF32));
+    auto to_state = [&](int64_t t, int64_t slot) -> Status {
+      RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, st.kv_state.get() + slot * Dh, k.get() + t * Dh,
+                                    Dh * sizeof(float)));
+      return kernels::copy(ctx, Copy::kDeviceToDevice, st.score_state.get() + slot * Dh, s.get() + t * Dh,
+                           Dh * sizeof(float));
+    };
+    int64_t t = 0, n = 0;
+    if (pos0 % 2 == 1) {  // the first token completes the pair waiting in the state
+      RETURN_IF_ERROR(to_state(0, 1));
+      RETURN_IF_ERROR(kernels::attn::pool_cuda(ctx, st.kv_state.get(), st.score_state.get(), 1, 2, Dh, latent.get()));
+      t = n = 1;
+    }
+    const int64_t pairs = (S - t) / 2;  // the rest start at an even position: pairs are adjacent rows
+    RETURN_IF_ERROR(kernels::attn::pool_cuda(ctx, k.get() + t * Dh, s.get() + t * Dh, pairs, 2, Dh,
+                                             latent.get() + n * Dh));
+    n += pairs;
+    if ((S - t) % 2 == 1) RETURN_IF_ERROR(to_state(S - 1, 0));
+    *n_new = n;
+  }
+  if (*n_new > 0) {
+    RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, latent.get(), w.comp_norm, *n_new, Dh, cfg_.norm_eps, latent.get()));
+  }
+  return latent;
+}
+
+// Index sources: this layer's query scores against its KV source's index keys (KV sources
+// first turn their new latents into keys), candidate masks, top-k published to the call.
+Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr, const float* latent,
+                            int64_t n_new) const {
+  const Layer& w = layers_[l];
+  const config::LayerConfig& L = cfg_.layers[l];
+  const ExecCtx& ctx = call.ctx;
+  const int r = L.compress_ratio;
+  const int64_t S = call.S, Hi = cfg_.n_index_head, Di = cfg_.index_head_dim, dims = cfg_.rope_dims;
+  if (L.is_kv_source && n_new > 0) {
+    ASSIGN_OR_RETURN(auto k, DevBuf<float>::make(ctx, n_new * Di));
+    RETURN_IF_ERROR(dev_linear(ctx, w.idx_wk, latent, n_new, k.get()));
+    RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, k.get(), w.idx_k_norm, n_new, Di, cfg_.norm_eps, k.get()));
+    RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(dims), k.get(), n_new, Di,
+                                              (call.pos0 / r) * r, 1, false, r));
+    RETURN_IF_ERROR(kernels::qdq::fp4_e8m0_32_cuda(ctx, k.get(), n_new * Di));
+    RETURN_IF_ERROR(call.seq.layers[l].index_k.append(ctx, k.get(), n_new));
+  }
+  const DevRows& keys = call.seq.layers[L.kv_source].index_k;
+  const int64_t n_keys = (call.pos0 + S) / r;
+  ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * Hi * Di));
+  RETURN_IF_ERROR(dev_linear(ctx, w.idx_wq_b, qr, S, q.get()));
+  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(dims), q.get(), S * Hi, Di, call.pos0, Hi));
+  RETURN_IF_ERROR(kernels::qdq::fp4_e8m0_32_cuda(ctx, q.get(), S * Hi * Di));
+  ASSIGN_OR_RETURN(auto wts, DevBuf<float>::make(ctx, S * Hi));
+  RETURN_IF_ERROR(dev_linear(ctx, w.idx_proj, x, S, wts.get()));
+  const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Di)) / std::sqrt(static_cast<double>(Hi)));
+  ASSIGN_OR_RETURN(auto score, DevBuf<float>::make(ctx, S * n_keys));
+  RETURN_IF_ERROR(kernels::attn::index_scores_cuda(ctx, q.get(), S, static_cast<int>(Hi), Di, keys.buf.get(), n_keys,
+                                                   wts.get(), wscale, call.pos0, r, score.get()));
+  if (L.is_candidate_source) {
+    ASSIGN_OR_RETURN(call.cand, DevBuf<uint8_t>::make(ctx, S * n_keys));
+    call.cand_width = n_keys;
+    RETURN_IF_ERROR(kernels::attn::candidate_mask_cuda(ctx, score.get(), S, n_keys, call.pos0, r,
+                                                       cfg_.candidate_topk_blocks, cfg_.candidate_block_size,
+                                                       call.cand.get()));
+  } else if (L.uses_candidates) {
+    RETURN_IF_ERROR(kernels::attn::mask_candidates_cuda(ctx, score.get(), call.cand.get(), S, n_keys, call.cand_width));
+  }
+  const int64_t k_sel = std::min<int64_t>(cfg_.index_topk, n_keys);
+  ASSIGN_OR_RETURN(auto top, DevBuf<int32_t>::make(ctx, S * k_sel));
+  RETURN_IF_ERROR(kernels::attn::topk_cuda(ctx, score.get(), S, n_keys, k_sel, top.get()));
+  ASSIGN_OR_RETURN(call.topk, DevBuf<int32_t>::make(ctx, S * k_sel));
+  call.topk_width = k_sel;
+  return kernels::attn::publish_topk_cuda(ctx, top.get(), S, k_sel, call.pos0, r, call.n_win, call.topk.get(), k_sel);
+}
+
+// Compressed part: sources compress, index sources select, new latents get RoPE at their
+// group's first position and FP4 QDQ before joining the cache; kv_b = the KV source's cache.
+Status DeviceModel::compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const {
+  const config::LayerConfig& L = cfg_.layers[l];
+  const ExecCtx& ctx = call.ctx;
+  const int r = L.compress_ratio;
+  const int64_t Dh = cfg_.head_dim, compress_len = (call.pos0 + call.S) / r;
+  DevBuf<float> latent;
+  int64_t n_new = 0;
+  if (L.is_kv_source) {
+    ASSIGN_OR_RETURN(latent, compress(l, call, x, &n_new));
+  }
+  if (L.is_index_source) {
+    if (compress_len == 0) {
+      call.topk = DevBuf<int32_t>();
+      call.topk_width = 0;
+    } else {
+      RETURN_IF_ERROR(indexer(l, call, x, qr, latent.get(), n_new));
+    }
+  }
+  if (n_new > 0) {
+    RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(cfg_.rope_dims), latent.get(), n_new, Dh,
+                                              (call.pos0 / r) * r, 1, false, r));
+    RETURN_IF_ERROR(kernels::qdq::fp4_e4m3_16_cuda(ctx, latent.get(), n_new * Dh));
+    RETURN_IF_ERROR(call.seq.layers[l].comp_kv.append(ctx, latent.get(), n_new));
+  }
+  kv_b = call.seq.layers[L.kv_source].comp_kv.buf.get();
+  return absl::OkStatus();
+}
+
+// Grouped low-rank output: u[g] = wo_a[g] . o[g], out = wo_b(u), groups through strided copies.
+Status DeviceModel::grouped_output(int l, Call& call, const float* o, float* y) const {
+  const Layer& w = layers_[l];
+  const ExecCtx& ctx = call.ctx;
+  const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim, G = cfg_.o_groups, R = cfg_.o_lora_rank;
+  const int64_t gd = H * Dh / G;
+  ASSIGN_OR_RETURN(auto og, DevBuf<float>::make(ctx, S * gd));
+  ASSIGN_OR_RETURN(auto ug, DevBuf<float>::make(ctx, S * R));
+  ASSIGN_OR_RETURN(auto u, DevBuf<float>::make(ctx, S * G * R));
+  const size_t f = sizeof(float);
+  for (int64_t g = 0; g < G; ++g) {
+    RETURN_IF_ERROR(kernels::copy_2d(ctx, og.get(), gd * f, o + g * gd, H * Dh * f, gd * f, S));
+    RETURN_IF_ERROR(dev_linear(ctx, w.wo_a.slice_rows(g * R, R), og.get(), S, ug.get()));
+    RETURN_IF_ERROR(kernels::copy_2d(ctx, u.get() + g * R, G * R * f, ug.get(), R * f, R * f, S));
+  }
+  return dev_linear(ctx, w.wo_b, u.get(), S, y);
+}
+
+Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const {
+  const Layer& w = layers_[l];
+  const config::LayerConfig& L = cfg_.layers[l];
+  const ExecCtx& ctx = call.ctx;
+  const float* rope = L.compress_ratio > 0 ? rope_yarn_ : rope_plain_;
+  const int dims = static_cast<int>(cfg_.rope_dims);
+  const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim, W = cfg_.window, pos0 = call.pos0;
+  const size_t f = sizeof(float);
+  // Query.
+  ASSIGN_OR_RETURN(auto qr, DevBuf<float>::make(ctx, S * cfg_.q_lora_rank));
+  RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));
+  RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
+  ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * H * Dh));
+  RETURN_IF_ERROR(dev_linear(ctx, w.wq_b, qr.get(), S, q.get()));
+  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, q.get(), S * H, Dh, pos0, H));
+  // Window rows: kv_norm(wkv x), RoPE, FP8 QDQ; then the rows attention reads (window_kv).
+  ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * Dh));
+  RETURN_IF_ERROR(dev_linear(ctx, w.wkv, x, S, kv.get()));
+  RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, kv.get(), w.kv_norm, S, Dh, cfg_.norm_eps, kv.get()));
+  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, kv.get(), S, Dh, pos0, 1));
+  RETURN_IF_ERROR(kernels::qdq::fp8_e8m0_32_cuda(ctx, kv.get(), S * Dh));
+  DeviceLayerState& st = call.seq.layers[l];
+  const bool decode = pos0 > 0 && S == 1;
+  DevBuf<float> joined;  // a later prefill chunk: [ring before this call ; this call's rows]
+  const float* kv_a = pos0 == 0 ? kv.get() : st.ring.get();
+  if (pos0 > 0 && !decode) {
+    ASSIGN_OR_RETURN(joined, DevBuf<float>::make(ctx, (W + S) * Dh));
+    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, joined.get(), st.ring.get(), W * Dh * f));
+    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, joined.get() + W * Dh, kv.get(), S * Dh * f));
+    kv_a = joined.get();
+  }
+  RETURN_IF_ERROR(kernels::attn::ring_write_cuda(ctx, kv.get(), pos0, S, W, Dh, st.ring.get()));
+  const float* kv_b = nullptr;
+  if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), kv_b));
+  // Index lists: [window ; published top-k].
+  const int64_t ww = pos0 == 0 ? std::min(S, W) : W;
+  const int64_t tw = L.compress_ratio > 0 ? call.topk_width : 0, width = ww + tw;
+  ASSIGN_OR_RETURN(auto idx, DevBuf<int32_t>::make(ctx, S * width));
+  RETURN_IF_ERROR(kernels::attn::window_index_cuda(ctx, pos0, S, W, idx.get(), width));
+  if (tw > 0) {
+    RETURN_IF_ERROR(kernels::copy_2d(ctx, idx.get() + ww, width * sizeof(int32_t), call.topk.get(), tw * sizeof(int32_t),
+                                     tw * sizeof(int32_t), S));
+  }
+  // Sparse attention with the sink, the inverse RoPE, the grouped output.
+  ASSIGN_OR_RETURN(auto o, DevBuf<float>::make(ctx, S * H * Dh));
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  RETURN_IF_ERROR(kernels::attn::sparse_attn_cuda(ctx, q.get(), S, static_cast<int>(H), Dh, kv_a, call.n_win, kv_b,
+                                                  idx.get(), width, w.sinks, scale, o.get()));
+  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, o.get(), S * H, Dh, pos0, H, true));
+  return grouped_output(l, call, o.get(), y);
+}
+
+}  // namespace dsflash::model

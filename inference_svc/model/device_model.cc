@@ -1,0 +1,337 @@
+// The model on the CUDA backend: weights to the device, the forward pass (embedding, blocks
+// with delayed-pre hyper-connections, head), the MoE sub-layer and the Engram update, as in
+// model.cc and ffn.cc.
+#include "inference_svc/model/device_model.h"
+
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "inference_svc/model/weights.h"
+#include "kernels/dequant/dequant.h"
+#include "kernels/engram/engram.h"
+#include "kernels/engram/engram_cuda.h"
+#include "kernels/hc/hc_cuda.h"
+#include "kernels/moe/moe_cuda.h"
+#include "kernels/norm/norm_cuda.h"
+
+namespace dsflash::model {
+
+using kernels::Copy;
+using kernels::ExecCtx;
+
+Status DevRows::append(const ExecCtx& ctx, const float* src, int64_t n) {
+  if (n <= 0) return absl::OkStatus();
+  if ((rows + n) * width > buf.size()) {
+    const int64_t cap = std::max<int64_t>(2 * (rows + n), 64) * width;
+    ASSIGN_OR_RETURN(DevBuf<float> bigger, DevBuf<float>::make(ctx, cap));
+    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, bigger.get(), buf.get(), rows * width * sizeof(float)));
+    buf = std::move(bigger);
+  }
+  RETURN_IF_ERROR(
+      kernels::copy(ctx, Copy::kDeviceToDevice, buf.get() + rows * width, src, n * width * sizeof(float)));
+  rows += n;
+  return absl::OkStatus();
+}
+
+DeviceSequence::~DeviceSequence() {
+  if (ctx.cuda_stream != nullptr) {
+    (void)kernels::stream_sync(ctx);
+    layers.clear();  // frees on the stream before it goes
+    (void)kernels::stream_sync(ctx);
+    kernels::stream_destroy(ctx.cuda_stream);
+  }
+}
+
+DeviceModel::~DeviceModel() {
+  for (void* p : owned_) kernels::device_free(load_ctx_, p);
+  if (load_ctx_.cuda_stream != nullptr) {
+    (void)kernels::stream_sync(load_ctx_);
+    kernels::stream_destroy(load_ctx_.cuda_stream);
+  }
+}
+
+StatusOr<float*> DeviceModel::upload(const std::vector<float>& v) {
+  if (v.empty()) return nullptr;
+  ASSIGN_OR_RETURN(void* p, kernels::device_alloc(load_ctx_, v.size() * sizeof(float)));
+  owned_.push_back(p);
+  RETURN_IF_ERROR(kernels::copy(load_ctx_, Copy::kHostToDevice, p, v.data(), v.size() * sizeof(float)));
+  return static_cast<float*>(p);
+}
+
+StatusOr<kernels::Weight> DeviceModel::upload(const kernels::Weight& w) {
+  if (!w.valid()) return w;
+  const size_t bytes = static_cast<size_t>(w.rows) * w.row_bytes;
+  ASSIGN_OR_RETURN(void* p, kernels::device_alloc(load_ctx_, bytes));
+  owned_.push_back(p);
+  RETURN_IF_ERROR(kernels::copy(load_ctx_, Copy::kHostToDevice, p, w.data, bytes));
+  kernels::Weight d = w;
+  d.data = static_cast<const uint8_t*>(p);
+  return d;
+}
+
+Status DeviceModel::upload_layer(const gguf::Model& file, int l) {
+  ASSIGN_OR_RETURN(const LayerWeights w, load_layer(file, cfg_, l));
+  Layer& d = layers_[l];
+  for (auto [src, dst] : {std::pair{&w.hc_attn, &d.hc_attn}, std::pair{&w.hc_ffn, &d.hc_ffn}}) {
+    ASSIGN_OR_RETURN(dst->fn, upload(src->fn));
+    ASSIGN_OR_RETURN(dst->base, upload(src->base));
+    ASSIGN_OR_RETURN(dst->scale, upload(src->scale));
+  }
+  const std::pair<const std::vector<float>*, float**> vecs[] = {
+      {&w.attn_norm, &d.attn_norm}, {&w.ffn_norm, &d.ffn_norm},     {&w.attn_sinks, &d.sinks},
+      {&w.q_norm, &d.q_norm},       {&w.kv_norm, &d.kv_norm},       {&w.comp_norm, &d.comp_norm},
+      {&w.idx_k_norm, &d.idx_k_norm}, {&w.exp_probs_b, &d.exp_probs_b}, {&w.engram_qk, &d.engram_qk}};
+  for (const auto& [src, dst] : vecs) {
+    ASSIGN_OR_RETURN(*dst, upload(*src));
+  }
+  const std::pair<const kernels::Weight*, kernels::Weight*> mats[] = {
+      {&w.wq_a, &d.wq_a},         {&w.wq_b, &d.wq_b},         {&w.wkv, &d.wkv},
+      {&w.wo_a, &d.wo_a},         {&w.wo_b, &d.wo_b},         {&w.comp_kv, &d.comp_kv},
+      {&w.comp_gate, &d.comp_gate}, {&w.idx_wk, &d.idx_wk},   {&w.idx_wq_b, &d.idx_wq_b},
+      {&w.idx_proj, &d.idx_proj}, {&w.gate_inp, &d.gate_inp}, {&w.sh_gate, &d.sh_gate},
+      {&w.sh_up, &d.sh_up},       {&w.sh_down, &d.sh_down},   {&w.engram_embd, &d.engram_embd},
+      {&w.engram_wkv, &d.engram_wkv}};
+  for (const auto& [src, dst] : mats) {
+    ASSIGN_OR_RETURN(*dst, upload(*src));
+  }
+  const std::string p = absl::StrCat("blk.", l, ".");
+  for (auto [name, dst] : {std::pair{"ffn_gate_exps.weight", &d.exp_gate}, std::pair{"ffn_up_exps.weight", &d.exp_up},
+                           std::pair{"ffn_down_exps.weight", &d.exp_down}}) {
+    const gguf::TensorInfo* t = file.find_tensor(p + name);
+    if (t == nullptr) return absl::NotFoundError(absl::StrCat("missing tensor ", p, name));
+    ASSIGN_OR_RETURN(const kernels::Weight host, kernels::weight_view(file, *t));
+    ASSIGN_OR_RETURN(*dst, upload(host));
+  }
+  return absl::OkStatus();
+}
+
+StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::load(const gguf::Model& file, const config::ModelConfig& cfg) {
+  if (!kernels::cuda_available()) {
+    return absl::FailedPreconditionError("the CUDA backend was asked for, but no CUDA device is usable (or this build has no CUDA)");
+  }
+  std::unique_ptr<DeviceModel> m(new DeviceModel());
+  m->cfg_ = cfg;
+  ASSIGN_OR_RETURN(void* stream, kernels::stream_create());
+  m->load_ctx_ = ExecCtx{kernels::Backend::kCuda, stream};
+  m->layers_.resize(cfg.n_layer);
+  for (uint32_t l = 0; l < cfg.n_layer; ++l) RETURN_IF_ERROR(m->upload_layer(file, static_cast<int>(l)));
+  for (auto [name, dst] : {std::pair{"token_embd.weight", &m->token_embd_}, std::pair{"output.weight", &m->output_}}) {
+    ASSIGN_OR_RETURN(const kernels::Weight host, kernels::weight_view(file, *file.find_tensor(name)));
+    ASSIGN_OR_RETURN(*dst, m->upload(host));
+  }
+  ASSIGN_OR_RETURN(const std::vector<float> norm, load_f32(file, "output_norm.weight"));
+  ASSIGN_OR_RETURN(m->output_norm_, m->upload(norm));
+  const auto plain = kernels::rope::make_table(static_cast<int>(cfg.rope_dims), cfg.rope_theta, 0, 1.0f, 0, 0);
+  const auto yarn = kernels::rope::make_table(static_cast<int>(cfg.rope_dims), cfg.compress_rope_theta,
+                                              static_cast<int>(cfg.yarn_orig_ctx), cfg.yarn_factor, cfg.yarn_beta_fast,
+                                              cfg.yarn_beta_slow);
+  ASSIGN_OR_RETURN(m->rope_plain_, m->upload(plain.freqs));
+  ASSIGN_OR_RETURN(m->rope_yarn_, m->upload(yarn.freqs));
+  RETURN_IF_ERROR(kernels::stream_sync(m->load_ctx_));
+  return m;
+}
+
+StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::new_sequence() const {
+  auto s = std::make_shared<DeviceSequence>();
+  ASSIGN_OR_RETURN(void* stream, kernels::stream_create());
+  s->ctx = ExecCtx{kernels::Backend::kCuda, stream};
+  s->layers.resize(cfg_.n_layer);
+  const int64_t Dh = cfg_.head_dim;
+  for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
+    DeviceLayerState& st = s->layers[l];
+    ASSIGN_OR_RETURN(st.ring, DevBuf<float>::make(s->ctx, cfg_.window * Dh));
+    RETURN_IF_ERROR(kernels::fill_zero(s->ctx, st.ring.get(), cfg_.window * Dh * sizeof(float)));
+    st.comp_kv.width = Dh;
+    st.index_k.width = cfg_.index_head_dim;
+    if (cfg_.layers[l].is_kv_source && cfg_.layers[l].compress_ratio == 2) {
+      ASSIGN_OR_RETURN(st.kv_state, DevBuf<float>::make(s->ctx, 2 * Dh));
+      ASSIGN_OR_RETURN(st.score_state, DevBuf<float>::make(s->ctx, 2 * Dh));
+      const std::vector<float> zero(2 * Dh, 0.0f), ninf(2 * Dh, -INFINITY);
+      RETURN_IF_ERROR(kernels::copy(s->ctx, Copy::kHostToDevice, st.kv_state.get(), zero.data(), 2 * Dh * sizeof(float)));
+      RETURN_IF_ERROR(kernels::copy(s->ctx, Copy::kHostToDevice, st.score_state.get(), ninf.data(), 2 * Dh * sizeof(float)));
+    }
+  }
+  RETURN_IF_ERROR(kernels::stream_sync(s->ctx));
+  return s;
+}
+
+Status DeviceModel::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits,
+                            std::vector<float>* logits) const {
+  DeviceSequence& ds = *seq.device;
+  const ExecCtx& ctx = ds.ctx;
+  const int64_t S = static_cast<int64_t>(tokens.size()), C = cfg_.hc_mult, D = cfg_.n_embd;
+  Call call{ctx, ds, seq};
+  call.pos0 = seq.n_past;
+  call.S = S;
+  call.n_win = call.pos0 == 0 ? S : (S == 1 ? cfg_.window : cfg_.window + S);
+  // Embedding: bf16 rows copied into every stream.
+  ASSIGN_OR_RETURN(auto ids, DevBuf<int64_t>::make(ctx, S));
+  const std::vector<int64_t> ids_h(tokens.begin(), tokens.end());
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, ids.get(), ids_h.data(), S * sizeof(int64_t)));
+  ASSIGN_OR_RETURN(auto row, DevBuf<float>::make(ctx, S * D));
+  RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, token_embd_.type, token_embd_.data, token_embd_.cols,
+                                                     token_embd_.row_bytes, token_embd_.rows, ids.get(), S, true,
+                                                     row.get()));
+  ASSIGN_OR_RETURN(auto h, DevBuf<float>::make(ctx, S * C * D));
+  for (int64_t c = 0; c < C; ++c) {
+    RETURN_IF_ERROR(kernels::copy_2d(ctx, h.get() + c * D, C * D * sizeof(float), row.get(), D * sizeof(float),
+                                     D * sizeof(float), S));
+  }
+  std::vector<float> pre_h(static_cast<size_t>(S * C), 0.0f);
+  for (int64_t t = 0; t < S; ++t) pre_h[t * C] = 1.0f;
+  ASSIGN_OR_RETURN(auto pre_mix, DevBuf<float>::make(ctx, S * C));
+  ASSIGN_OR_RETURN(auto spare_pre, DevBuf<float>::make(ctx, S * C));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, pre_mix.get(), pre_h.data(), pre_h.size() * sizeof(float)));
+  for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
+    if (cfg_.layers[l].has_engram) RETURN_IF_ERROR(engram(static_cast<int>(l), call, h.get()));
+    RETURN_IF_ERROR(block(static_cast<int>(l), call, h.get(), pre_mix, spare_pre));
+  }
+  return head(call, h.get(), pre_mix.get(), all_logits, logits);
+}
+
+// One block (model.cc Model::block): each sub-layer collapses the streams with the previous
+// sub-layer's pre coefficients and expands back with its own; pre buffers alternate.
+Status DeviceModel::block(int l, Call& call, float* h, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre) const {
+  const Layer& w = layers_[l];
+  const ExecCtx& ctx = call.ctx;
+  const int C = static_cast<int>(cfg_.hc_mult);
+  const int64_t D = cfg_.n_embd, S = call.S, M = cfg_.hc_mix();
+  ASSIGN_OR_RETURN(auto res, DevBuf<float>::make(ctx, S * C * D));
+  ASSIGN_OR_RETURN(auto mix, DevBuf<float>::make(ctx, S * M));
+  ASSIGN_OR_RETURN(auto post, DevBuf<float>::make(ctx, S * C));
+  ASSIGN_OR_RETURN(auto comb, DevBuf<float>::make(ctx, S * C * C));
+  ASSIGN_OR_RETURN(auto x, DevBuf<float>::make(ctx, S * D));
+  ASSIGN_OR_RETURN(auto y, DevBuf<float>::make(ctx, S * D));
+  auto sublayer = [&](const Layer::Hc& hw, const float* norm, const float* in_pre, float* out_pre,
+                      auto&& body) -> Status {
+    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, res.get(), h, S * C * D * sizeof(float)));
+    RETURN_IF_ERROR(kernels::hc::mixes_cuda(ctx, h, hw.fn, C, D, S, cfg_.norm_eps, mix.get()));
+    RETURN_IF_ERROR(kernels::hc::split_cuda(ctx, mix.get(), hw.scale, hw.base, C, S,
+                                            static_cast<int>(cfg_.hc_sinkhorn_iters), cfg_.hc_eps, out_pre, post.get(),
+                                            comb.get()));
+    RETURN_IF_ERROR(kernels::hc::pre_cuda(ctx, h, in_pre, C, D, S, x.get()));
+    RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, x.get(), norm, S, D, cfg_.norm_eps, x.get()));
+    RETURN_IF_ERROR(body());
+    return kernels::hc::post_cuda(ctx, y.get(), res.get(), post.get(), comb.get(), C, D, S, h);
+  };
+  RETURN_IF_ERROR(sublayer(w.hc_attn, w.attn_norm, pre_mix.get(), spare_pre.get(),
+                           [&] { return attention(l, call, x.get(), y.get()); }));
+  RETURN_IF_ERROR(sublayer(w.hc_ffn, w.ffn_norm, spare_pre.get(), pre_mix.get(),
+                           [&] { return moe(l, call, x.get(), y.get()); }));
+  return absl::OkStatus();
+}
+
+Status DeviceModel::head(Call& call, const float* h, const float* pre_mix, bool all_logits,
+                         std::vector<float>* logits) const {
+  const ExecCtx& ctx = call.ctx;
+  const int C = static_cast<int>(cfg_.hc_mult);
+  const int64_t D = cfg_.n_embd, V = output_.rows, S = call.S;
+  const int64_t first = all_logits ? 0 : S - 1, n = S - first;
+  ASSIGN_OR_RETURN(auto x, DevBuf<float>::make(ctx, n * D));
+  RETURN_IF_ERROR(kernels::hc::pre_cuda(ctx, h + first * C * D, pre_mix + first * C, C, D, n, x.get()));
+  RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, x.get(), output_norm_, n, D, cfg_.norm_eps, x.get()));
+  ASSIGN_OR_RETURN(auto out, DevBuf<float>::make(ctx, n * V));
+  RETURN_IF_ERROR(dev_linear(ctx, output_, x.get(), n, out.get(), kernels::OutRound::kF32));
+  logits->assign(static_cast<size_t>(n * V), 0.0f);
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, logits->data(), out.get(), n * V * sizeof(float)));
+  return kernels::stream_sync(ctx);
+}
+
+// The MoE sub-layer (ffn.cc Model::moe): routing on the device; the routed tokens grouped by
+// expert on the host (ascending expert index), each expert's SwiGLU on its rows, and the
+// routed outputs summed per token in ascending expert order before the shared expert's.
+Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
+  const Layer& w = layers_[l];
+  const config::LayerConfig& L = cfg_.layers[l];
+  const ExecCtx& ctx = call.ctx;
+  const int64_t D = cfg_.n_embd, E = cfg_.n_expert, K = cfg_.n_expert_used, S = call.S;
+  const int64_t F = w.exp_gate.rows / E, Dd = w.exp_down.rows / E;
+  ASSIGN_OR_RETURN(auto logits, DevBuf<float>::make(ctx, S * E));
+  RETURN_IF_ERROR(dev_linear(ctx, w.gate_inp, x, S, logits.get(), kernels::OutRound::kF32));
+  ASSIGN_OR_RETURN(auto experts, DevBuf<int32_t>::make(ctx, S * K));
+  ASSIGN_OR_RETURN(auto weights, DevBuf<float>::make(ctx, S * K));
+  RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
+                                           experts.get(), weights.get()));
+  std::vector<int32_t> e_h(static_cast<size_t>(S * K));
+  std::vector<float> w_h(static_cast<size_t>(S * K));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, e_h.data(), experts.get(), S * K * sizeof(int32_t)));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, w_h.data(), weights.get(), S * K * sizeof(float)));
+  RETURN_IF_ERROR(kernels::stream_sync(ctx));
+  std::map<int32_t, std::vector<int64_t>> by_expert;  // expert -> (t * K + k) slots, token order
+  for (int64_t i = 0; i < S * K; ++i) by_expert[e_h[i]].push_back(i);
+  std::vector<int32_t> tok, rows_of(static_cast<size_t>(S * K));
+  std::vector<float> row_w;
+  std::vector<int64_t> filled(static_cast<size_t>(S), 0);
+  for (const auto& [e, slots] : by_expert) {
+    for (int64_t i : slots) {
+      const int64_t t = i / K;
+      rows_of[t * K + filled[t]++] = static_cast<int32_t>(tok.size());
+      tok.push_back(static_cast<int32_t>(t));
+      row_w.push_back(w_h[i]);
+    }
+  }
+  const int64_t R = S * K;
+  ASSIGN_OR_RETURN(auto tok_d, DevBuf<int32_t>::make(ctx, R));
+  ASSIGN_OR_RETURN(auto rows_d, DevBuf<int32_t>::make(ctx, R));
+  ASSIGN_OR_RETURN(auto w_d, DevBuf<float>::make(ctx, R));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, tok_d.get(), tok.data(), R * sizeof(int32_t)));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, rows_d.get(), rows_of.data(), R * sizeof(int32_t)));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, w_d.get(), row_w.data(), R * sizeof(float)));
+  ASSIGN_OR_RETURN(auto xe, DevBuf<float>::make(ctx, R * D));
+  ASSIGN_OR_RETURN(auto a, DevBuf<float>::make(ctx, std::max(R, S) * F));
+  ASSIGN_OR_RETURN(auto b, DevBuf<float>::make(ctx, std::max(R, S) * F));
+  ASSIGN_OR_RETURN(auto ye, DevBuf<float>::make(ctx, R * D));
+  RETURN_IF_ERROR(kernels::moe::gather_tokens_cuda(ctx, x, D, tok_d.get(), R, xe.get()));
+  int64_t r0 = 0;
+  for (const auto& [e, slots] : by_expert) {
+    const int64_t n = static_cast<int64_t>(slots.size());
+    RETURN_IF_ERROR(dev_linear(ctx, w.exp_gate.slice_rows(e * F, F), xe.get() + r0 * D, n, a.get() + r0 * F));
+    RETURN_IF_ERROR(dev_linear(ctx, w.exp_up.slice_rows(e * F, F), xe.get() + r0 * D, n, b.get() + r0 * F));
+    RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get() + r0 * F, b.get() + r0 * F, n, F, L.swiglu_limit_exp,
+                                              w_d.get() + r0));
+    RETURN_IF_ERROR(dev_linear(ctx, w.exp_down.slice_rows(e * Dd, Dd), a.get() + r0 * F, n, ye.get() + r0 * D));
+    r0 += n;
+  }
+  ASSIGN_OR_RETURN(auto shared, DevBuf<float>::make(ctx, S * D));
+  const int64_t Fs = w.sh_gate.rows;
+  ASSIGN_OR_RETURN(auto sa, DevBuf<float>::make(ctx, S * Fs));
+  ASSIGN_OR_RETURN(auto sb, DevBuf<float>::make(ctx, S * Fs));
+  RETURN_IF_ERROR(dev_linear(ctx, w.sh_gate, x, S, sa.get()));
+  RETURN_IF_ERROR(dev_linear(ctx, w.sh_up, x, S, sb.get()));
+  RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, sa.get(), sb.get(), S, Fs, L.swiglu_limit_shexp, nullptr));
+  RETURN_IF_ERROR(dev_linear(ctx, w.sh_down, sa.get(), S, shared.get()));
+  return kernels::moe::combine_cuda(ctx, ye.get(), rows_d.get(), shared.get(), S, K, D, y);
+}
+
+// Engram (ffn.cc Model::engram): row ids hashed on the host from the compressed token ids
+// (integer-exact), rows gathered and projected on the device, gate and update.
+Status DeviceModel::engram(int l, Call& call, float* h) const {
+  const Layer& w = layers_[l];
+  const ExecCtx& ctx = call.ctx;
+  const config::EngramConfig& ec = cfg_.engram;
+  size_t e = 0;
+  while (ec.layer_ids[e] != l) ++e;
+  const int64_t cols = ec.cols(), S = call.S, C = cfg_.hc_mult, D = cfg_.n_embd;
+  std::vector<int64_t> ids(static_cast<size_t>(S * cols));
+  for (int64_t t = 0; t < S; ++t) {
+    kernels::engram::hash_ids(ec, e, call.host.engram_ids.data(), call.pos0 + t + 1, &ids[t * cols]);
+  }
+  for (int64_t id : ids) {
+    if (id < 0 || id >= w.engram_embd.rows) {
+      return absl::InternalError(absl::StrCat("Engram layer ", l, ": row id ", id, " outside the table"));
+    }
+  }
+  ASSIGN_OR_RETURN(auto ids_d, DevBuf<int64_t>::make(ctx, S * cols));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, ids_d.get(), ids.data(), ids.size() * sizeof(int64_t)));
+  ASSIGN_OR_RETURN(auto rows, DevBuf<float>::make(ctx, S * cols * w.engram_embd.cols));
+  RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, w.engram_embd.type, w.engram_embd.data, w.engram_embd.cols,
+                                                     w.engram_embd.row_bytes, w.engram_embd.rows, ids_d.get(),
+                                                     S * cols, true, rows.get()));
+  ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * w.engram_wkv.rows));
+  RETURN_IF_ERROR(dev_linear(ctx, w.engram_wkv, rows.get(), S, kv.get()));
+  return kernels::engram::gate_update_cuda(ctx, h, kv.get(), w.engram_qk, static_cast<int>(C), D, S, cfg_.norm_eps,
+                                           nullptr);
+}
+
+}  // namespace dsflash::model

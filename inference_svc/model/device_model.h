@@ -1,0 +1,142 @@
+// The model on the CUDA backend (internal to model/; users go through model.h with
+// LoadOptions::backend = kCuda). The forward pass follows Model's CPU code op by op
+// (model.cc, attention.cc, ffn.cc) on device buffers and the kernels' *_cuda ops; decisions the
+// CPU makes on the host (window and top-k index lists, candidate masks, routing) are made on
+// the device too, except the grouping of routed tokens by expert (host, from the routed ids).
+// Every routed expert is resident in device memory (copied from the GGUF at load).
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "common/config/config.h"
+#include "common/gguf/gguf.h"
+#include "common/status.h"
+#include "inference_svc/model/model.h"
+#include "kernels/exec.h"
+#include "kernels/linear/linear.h"
+#include "kernels/linear/linear_cuda.h"
+
+namespace dsflash::model {
+
+// A device array owned by a scope: stream-ordered allocation and release on one context.
+template <typename T>
+class DevBuf {
+ public:
+  DevBuf() = default;
+  static StatusOr<DevBuf> make(const kernels::ExecCtx& ctx, int64_t n) {
+    DevBuf b;
+    ASSIGN_OR_RETURN(void* p, kernels::device_alloc(ctx, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T)));
+    b.ctx_ = ctx;
+    b.p_ = static_cast<T*>(p);
+    b.n_ = n;
+    return b;
+  }
+  DevBuf(DevBuf&& o) noexcept { *this = std::move(o); }
+  DevBuf& operator=(DevBuf&& o) noexcept {
+    reset();
+    ctx_ = o.ctx_;
+    p_ = o.p_;
+    n_ = o.n_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+    return *this;
+  }
+  ~DevBuf() { reset(); }
+  T* get() const { return p_; }
+  int64_t size() const { return n_; }
+
+ private:
+  void reset() {
+    if (p_ != nullptr) kernels::device_free(ctx_, p_);
+    p_ = nullptr;
+  }
+  kernels::ExecCtx ctx_;
+  T* p_ = nullptr;
+  int64_t n_ = 0;
+};
+
+// Rows of `width` floats appended over a sequence's life (compressed KV, index keys).
+struct DevRows {
+  DevBuf<float> buf;
+  int64_t rows = 0, width = 0;
+  Status append(const kernels::ExecCtx& ctx, const float* src, int64_t n);
+};
+
+// linear_cuda that accepts an empty batch.
+inline Status dev_linear(const kernels::ExecCtx& ctx, const kernels::Weight& w, const float* x, int64_t n, float* y,
+                         kernels::OutRound round = kernels::OutRound::kBf16) {
+  return n <= 0 ? absl::OkStatus() : kernels::linear_cuda(ctx, w, x, n, y, round);
+}
+
+struct DeviceLayerState {
+  DevBuf<float> ring;                      // [window][head_dim]
+  DevBuf<float> kv_state, score_state;     // ratio-2 sources: [2][head_dim]
+  DevRows comp_kv, index_k;
+};
+
+struct DeviceSequence {
+  ~DeviceSequence();
+  kernels::ExecCtx ctx;  // the sequence's own stream
+  std::vector<DeviceLayerState> layers;
+};
+
+class DeviceModel {
+ public:
+  struct Layer {
+    struct Hc {
+      float *fn = nullptr, *base = nullptr, *scale = nullptr;
+    } hc_attn, hc_ffn;
+    float *attn_norm = nullptr, *ffn_norm = nullptr, *sinks = nullptr, *q_norm = nullptr, *kv_norm = nullptr;
+    float *comp_norm = nullptr, *idx_k_norm = nullptr, *exp_probs_b = nullptr, *engram_qk = nullptr;
+    kernels::Weight wq_a, wq_b, wkv, wo_a, wo_b, comp_kv, comp_gate, idx_wk, idx_wq_b, idx_proj;
+    kernels::Weight gate_inp, sh_gate, sh_up, sh_down, engram_embd, engram_wkv;
+    kernels::Weight exp_gate, exp_up, exp_down;  // all experts, merged rows
+  };
+  static StatusOr<std::unique_ptr<DeviceModel>> load(const gguf::Model& file, const config::ModelConfig& cfg);
+  ~DeviceModel();
+
+  StatusOr<std::shared_ptr<DeviceSequence>> new_sequence() const;
+  // As Model::forward after its checks (seq.engram_ids already holds this call's ids).
+  Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits) const;
+
+ private:
+  struct Call;
+  DeviceModel() = default;
+  StatusOr<float*> upload(const std::vector<float>& v);
+  StatusOr<kernels::Weight> upload(const kernels::Weight& w);
+  Status upload_layer(const gguf::Model& file, int l);
+  Status block(int l, Call& call, float* h, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre) const;
+  Status attention(int l, Call& call, const float* x, float* y) const;
+  Status compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const;
+  StatusOr<DevBuf<float>> compress(int l, Call& call, const float* x, int64_t* n_new) const;
+  Status indexer(int l, Call& call, const float* x, const float* qr, const float* latent, int64_t n_new) const;
+  Status grouped_output(int l, Call& call, const float* o, float* y) const;
+  Status moe(int l, Call& call, const float* x, float* y) const;
+  Status engram(int l, Call& call, float* h) const;
+  Status head(Call& call, const float* h, const float* pre_mix, bool all_logits, std::vector<float>* logits) const;
+
+  config::ModelConfig cfg_;
+  kernels::ExecCtx load_ctx_;
+  std::vector<Layer> layers_;
+  kernels::Weight token_embd_, output_;
+  float* output_norm_ = nullptr;
+  float* rope_plain_ = nullptr;  // device frequencies
+  float* rope_yarn_ = nullptr;
+  std::vector<void*> owned_;  // every weight allocation, freed with the model
+};
+
+// Per-forward state shared down the layer stack (call.h's Model::Call on the device).
+struct DeviceModel::Call {
+  const kernels::ExecCtx& ctx;
+  DeviceSequence& seq;
+  const Sequence& host;   // the compressed token ids for Engram
+  int64_t pos0 = 0, S = 0, n_win = 0;
+  DevBuf<int32_t> topk;   // [S][topk_width], already + n_win, or -1
+  int64_t topk_width = 0;
+  DevBuf<uint8_t> cand;   // [S][cand_width]
+  int64_t cand_width = 0;
+};
+
+}  // namespace dsflash::model
