@@ -18,6 +18,21 @@ done
 [[ ${DSF_SKIP_BENCH:-0} == 1 ]] && exit $rc
 # Benchmarks (not tests): rows for bench/results.csv.
 out/gpu/bin/linear_cuda_bench "$logs/bench.csv" "$(cat out/gpu/commit)" | tee "$logs/bench.log"
+# The model on the CUDA backend (DSF_MODEL_BENCH=1): the perf preset (released dims, 40 layers,
+# every expert resident) written to this machine's disk; prefill 512 + decode 64, prefill 4096.
+if [[ ${DSF_MODEL_BENCH:-0} == 1 ]]; then
+  perf=${DSF_BENCH_DIR:-/tmp}/perf.gguf
+  if [[ ! -f $perf ]]; then
+    t0=$SECONDS
+    out/gpu/bin/dsflash mkmodel --preset perf --out "$perf" --no-progress >> "$logs/bench.log" 2>&1 || rc=1
+    echo "mkmodel perf: $((SECONDS - t0)) s" >> "$logs/bench.log"
+  fi
+  out/gpu/bin/dsflash bench --backend cuda --model "$perf" --label perf --prompt 512 --decode 64 --runs 3 \
+    --csv "$logs/bench.csv" >> "$logs/bench.log" 2>&1 || rc=1
+  out/gpu/bin/dsflash bench --backend cuda --model "$perf" --label perf --prompt 4096 --decode 8 --runs 2 \
+    --csv "$logs/bench.csv" >> "$logs/bench.log" 2>&1 || rc=1
+  tail -40 "$logs/bench.log"
+fi
 # Expert store: hit path and miss path (host and device arenas) on the mid synthetic model
 # written to this machine's disk.
 if [[ ${DSF_SKIP_STORE_BENCH:-0} != 1 ]]; then

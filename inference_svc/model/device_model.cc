@@ -3,8 +3,10 @@
 // model.cc and ffn.cc.
 #include "inference_svc/model/device_model.h"
 
+#include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "inference_svc/model/weights.h"
@@ -19,6 +21,40 @@ namespace dsflash::model {
 
 using kernels::Copy;
 using kernels::ExecCtx;
+
+// A profiled phase: synchronises the stream at both ends and adds the wall time.
+class DeviceModel::Phase {
+ public:
+  Phase(const DeviceModel& m, const ExecCtx& ctx, const char* name) : m_(m), ctx_(ctx), name_(name) {
+    if (!m_.profile_) return;
+    (void)kernels::stream_sync(ctx_);
+    t0_ = std::chrono::steady_clock::now();
+  }
+  ~Phase() {
+    if (!m_.profile_) return;
+    (void)kernels::stream_sync(ctx_);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+    std::lock_guard<std::mutex> lock(m_.profile_mu_);
+    m_.profile_ms_[name_] += ms;
+  }
+
+ private:
+  const DeviceModel& m_;
+  const ExecCtx& ctx_;
+  const char* name_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+void DeviceModel::set_profiling(bool on) {
+  std::lock_guard<std::mutex> lock(profile_mu_);
+  if (on) profile_ms_.clear();
+  profile_ = on;
+}
+
+std::map<std::string, double> DeviceModel::profile() const {
+  std::lock_guard<std::mutex> lock(profile_mu_);
+  return profile_ms_;
+}
 
 Status DevRows::append(const ExecCtx& ctx, const float* src, int64_t n) {
   if (n <= 0) return absl::OkStatus();
@@ -166,6 +202,7 @@ Status DeviceModel::forward(Sequence& seq, const std::vector<int32_t>& tokens, b
   call.S = S;
   call.n_win = call.pos0 == 0 ? S : (S == 1 ? cfg_.window : cfg_.window + S);
   // Embedding: bf16 rows copied into every stream.
+  std::optional<Phase> embed_phase(std::in_place, *this, ctx, "embed");
   ASSIGN_OR_RETURN(auto ids, DevBuf<int64_t>::make(ctx, S));
   const std::vector<int64_t> ids_h(tokens.begin(), tokens.end());
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, ids.get(), ids_h.data(), S * sizeof(int64_t)));
@@ -183,10 +220,15 @@ Status DeviceModel::forward(Sequence& seq, const std::vector<int32_t>& tokens, b
   ASSIGN_OR_RETURN(auto pre_mix, DevBuf<float>::make(ctx, S * C));
   ASSIGN_OR_RETURN(auto spare_pre, DevBuf<float>::make(ctx, S * C));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, pre_mix.get(), pre_h.data(), pre_h.size() * sizeof(float)));
+  embed_phase.reset();
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
-    if (cfg_.layers[l].has_engram) RETURN_IF_ERROR(engram(static_cast<int>(l), call, h.get()));
+    if (cfg_.layers[l].has_engram) {
+      Phase phase(*this, ctx, "engram");
+      RETURN_IF_ERROR(engram(static_cast<int>(l), call, h.get()));
+    }
     RETURN_IF_ERROR(block(static_cast<int>(l), call, h.get(), pre_mix, spare_pre));
   }
+  Phase phase(*this, ctx, "head");
   return head(call, h.get(), pre_mix.get(), all_logits, logits);
 }
 
@@ -205,6 +247,7 @@ Status DeviceModel::block(int l, Call& call, float* h, DevBuf<float>& pre_mix, D
   ASSIGN_OR_RETURN(auto y, DevBuf<float>::make(ctx, S * D));
   auto sublayer = [&](const Layer::Hc& hw, const float* norm, const float* in_pre, float* out_pre,
                       auto&& body) -> Status {
+    std::optional<Phase> hc_phase(std::in_place, *this, ctx, "hc_pre_norm");
     RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, res.get(), h, S * C * D * sizeof(float)));
     RETURN_IF_ERROR(kernels::hc::mixes_cuda(ctx, h, hw.fn, C, D, S, cfg_.norm_eps, mix.get()));
     RETURN_IF_ERROR(kernels::hc::split_cuda(ctx, mix.get(), hw.scale, hw.base, C, S,
@@ -212,13 +255,21 @@ Status DeviceModel::block(int l, Call& call, float* h, DevBuf<float>& pre_mix, D
                                             comb.get()));
     RETURN_IF_ERROR(kernels::hc::pre_cuda(ctx, h, in_pre, C, D, S, x.get()));
     RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, x.get(), norm, S, D, cfg_.norm_eps, x.get()));
+    hc_phase.reset();
     RETURN_IF_ERROR(body());
+    Phase post_phase(*this, ctx, "hc_post");
     return kernels::hc::post_cuda(ctx, y.get(), res.get(), post.get(), comb.get(), C, D, S, h);
   };
   RETURN_IF_ERROR(sublayer(w.hc_attn, w.attn_norm, pre_mix.get(), spare_pre.get(),
-                           [&] { return attention(l, call, x.get(), y.get()); }));
+                           [&] {
+                             Phase phase(*this, ctx, "attention");
+                             return attention(l, call, x.get(), y.get());
+                           }));
   RETURN_IF_ERROR(sublayer(w.hc_ffn, w.ffn_norm, spare_pre.get(), pre_mix.get(),
-                           [&] { return moe(l, call, x.get(), y.get()); }));
+                           [&] {
+                             Phase phase(*this, ctx, "moe");
+                             return moe(l, call, x.get(), y.get());
+                           }));
   return absl::OkStatus();
 }
 

@@ -7,7 +7,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/config/config.h"
@@ -100,6 +104,10 @@ class DeviceModel {
   StatusOr<std::shared_ptr<DeviceSequence>> new_sequence() const;
   // As Model::forward after its checks (seq.engram_ids already holds this call's ids).
   Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits) const;
+  // Milliseconds per phase summed over the forwards run while profiling was on (each phase then
+  // ends with a stream synchronisation, which slows the pass down); turning it on clears them.
+  void set_profiling(bool on);
+  std::map<std::string, double> profile() const;
 
  private:
   struct Call;
@@ -125,6 +133,10 @@ class DeviceModel {
   float* rope_plain_ = nullptr;  // device frequencies
   float* rope_yarn_ = nullptr;
   std::vector<void*> owned_;  // every weight allocation, freed with the model
+  std::atomic<bool> profile_{false};
+  mutable std::mutex profile_mu_;
+  mutable std::map<std::string, double> profile_ms_;
+  class Phase;
 };
 
 // Per-forward state shared down the layer stack (call.h's Model::Call on the device).

@@ -50,6 +50,12 @@ StatusOr<std::unique_ptr<Model>> Model::load(const gguf::Model& file, std::uniqu
   return m;
 }
 
+void Model::set_profiling(bool on) {
+  if (device_) device_->set_profiling(on);
+}
+
+std::map<std::string, double> Model::profile() const { return device_ ? device_->profile() : std::map<std::string, double>{}; }
+
 std::unique_ptr<Sequence> Model::new_sequence() const {
   auto s = std::make_unique<Sequence>();
   if (device_) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -94,6 +95,10 @@ class Model {
 
   const config::ModelConfig& config() const { return cfg_; }
   kernels::Backend backend() const { return device_ ? kernels::Backend::kCuda : kernels::Backend::kCpu; }
+  // CUDA backend: times the forward's phases from now on (synchronising after each, so the
+  // pass is slower) and returns the milliseconds per phase so far; empty on the CPU backend.
+  void set_profiling(bool on);
+  std::map<std::string, double> profile() const;
   // A fresh sequence (on the CUDA backend its device state; null when that allocation fails).
   std::unique_ptr<Sequence> new_sequence() const;
 

@@ -1,19 +1,24 @@
-// `dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--label L]`:
-// CPU prefill and decode throughput of one sequence (median of R runs, all cores), with the
-// bytes-moved bound for decode, appended to bench/results.csv:
+// `dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--label L]
+//  [--backend cpu|cuda]`: prefill and decode throughput of one sequence (median of R runs),
+// with the bytes-moved bound for decode, appended to bench/results.csv:
 //   date,commit,machine,benchmark,configuration,metric,value,unit
+// On the CUDA backend also: the median decode step, the device's measured copy bandwidth, the
+// fraction of the bound (bytes read per token / copy bandwidth) a step reaches, and a per-phase
+// breakdown from a further, synchronised (profiled) decode run.
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/gguf/gguf.h"
 #include "inference_svc/model/model.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/exec.h"
 #include "tools/dsflash/args.h"
 #include "tools/dsflash/bench_csv.h"
 #include "tools/dsflash/commands.h"
@@ -38,11 +43,25 @@ double decode_bytes(const gguf::Model& m, const config::ModelConfig& c) {
 }
 
 struct Result {
-  double prefill_tps, decode_tps;
+  double prefill_tps = 0, decode_tps = 0, step_ms = 0;
 };
 
+// Bytes of caches one decode step at position `pos` reads: every layer's window ring, the
+// selected compressed rows and, for index sources, every index key.
+double decode_cache_bytes(const config::ModelConfig& c, int64_t pos) {
+  double bytes = 0;
+  for (const auto& L : c.layers) {
+    bytes += static_cast<double>(c.window) * c.head_dim * 4;
+    if (L.compress_ratio == 0) continue;
+    const int64_t n = pos / L.compress_ratio;
+    bytes += static_cast<double>(std::min<int64_t>(n, c.index_topk)) * c.head_dim * 4;
+    if (L.is_index_source) bytes += static_cast<double>(n) * c.index_head_dim * 4;
+  }
+  return bytes;
+}
+
 StatusOr<Result> measure(const model::Model& m, int64_t n_prompt, int64_t n_decode, int runs) {
-  std::vector<double> pre, dec;
+  std::vector<double> pre, dec, steps;
   std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
   for (int64_t i = 0; i < n_prompt; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7919) % (m.config().n_vocab - 3));
   for (int r = 0; r < runs + 1; ++r) {  // the first run warms caches and is not counted
@@ -51,16 +70,58 @@ StatusOr<Result> measure(const model::Model& m, int64_t n_prompt, int64_t n_deco
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(m.forward(*seq, prompt, false, &logits));
     const auto t1 = std::chrono::steady_clock::now();
+    std::vector<double> run_steps;
     for (int64_t i = 0; i < n_decode; ++i) {
       const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const auto s0 = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(m.forward(*seq, {next}, false, &logits));
+      run_steps.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
     }
     const auto t2 = std::chrono::steady_clock::now();
     if (r == 0) continue;
     pre.push_back(n_prompt / std::chrono::duration<double>(t1 - t0).count());
     dec.push_back(n_decode / std::chrono::duration<double>(t2 - t1).count());
+    steps.insert(steps.end(), run_steps.begin(), run_steps.end());
   }
-  return Result{median(pre), median(dec)};
+  return Result{median(pre), median(dec), median(steps)};
+}
+
+// Device-to-device copy bandwidth (bytes read + written per second) of a 1 GiB buffer, median
+// of 5 copies.
+StatusOr<double> copy_bandwidth() {
+  ASSIGN_OR_RETURN(void* stream, kernels::stream_create());
+  const kernels::ExecCtx ctx{kernels::Backend::kCuda, stream};
+  const size_t n = size_t{1} << 30;
+  ASSIGN_OR_RETURN(void* a, kernels::device_alloc(ctx, n));
+  ASSIGN_OR_RETURN(void* b, kernels::device_alloc(ctx, n));
+  std::vector<double> bw;
+  for (int i = 0; i < 6; ++i) {
+    RETURN_IF_ERROR(kernels::stream_sync(ctx));
+    const auto t0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(kernels::copy(ctx, kernels::Copy::kDeviceToDevice, b, a, n));
+    RETURN_IF_ERROR(kernels::stream_sync(ctx));
+    if (i > 0) bw.push_back(2.0 * n / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  kernels::device_free(ctx, a);
+  kernels::device_free(ctx, b);
+  RETURN_IF_ERROR(kernels::stream_sync(ctx));
+  kernels::stream_destroy(stream);
+  return median(bw);
+}
+
+// Milliseconds per decode step by phase, from a synchronised run of n_decode steps.
+StatusOr<std::map<std::string, double>> decode_profile(model::Model& m, int64_t n_prompt, int64_t n_decode) {
+  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt), 5);
+  auto seq = m.new_sequence();
+  if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
+  std::vector<float> logits;
+  RETURN_IF_ERROR(m.forward(*seq, prompt, false, &logits));
+  m.set_profiling(true);
+  for (int64_t i = 0; i < n_decode; ++i) RETURN_IF_ERROR(m.forward(*seq, {7}, false, &logits));
+  auto p = m.profile();
+  m.set_profiling(false);
+  for (auto& [name, ms] : p) ms /= static_cast<double>(n_decode);
+  return p;
 }
 
 Status run(const Args& a) {
@@ -68,18 +129,38 @@ Status run(const Args& a) {
   ASSIGN_OR_RETURN(const int64_t n_decode, a.get_int("decode", 16));
   ASSIGN_OR_RETURN(const int64_t runs, a.get_int("runs", 3));
   if (n_prompt < 1 || n_decode < 1 || runs < 1) return absl::InvalidArgumentError("--prompt, --decode, --runs must be >= 1");
+  const std::string backend = a.get_or("backend", "cpu");
+  if (backend != "cpu" && backend != "cuda") return absl::InvalidArgumentError("--backend must be cpu or cuda");
+  const bool cuda = backend == "cuda";
   ASSIGN_OR_RETURN(auto file, gguf::Model::open(a.get_or("model", "")));
-  ASSIGN_OR_RETURN(auto m, model::Model::load(*file));
+  const auto l0 = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(auto m, model::Model::load(*file, nullptr,
+                                              model::LoadOptions{cuda ? kernels::Backend::kCuda : kernels::Backend::kCpu}));
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
   if (n_prompt + n_decode > m->config().n_ctx) return absl::InvalidArgumentError("prompt + decode exceed the context");
   ASSIGN_OR_RETURN(const Result r, measure(*m, n_prompt, n_decode, static_cast<int>(runs)));
   const double bytes = decode_bytes(*file, m->config());
   const std::string config = absl::StrCat(a.get_or("label", m->config().name), " prompt=", n_prompt, " decode=", n_decode,
-                                          " runs=", runs, " backend=cpu");
-  RETURN_IF_ERROR(append_bench_rows(a.get_or("csv", "bench/results.csv"), "cpu_forward", config,
-                                    {{"prefill_tokens_per_s", r.prefill_tps, "tok/s"},
-                                     {"decode_tokens_per_s", r.decode_tps, "tok/s"},
-                                     {"decode_weight_bytes_per_token", bytes, "bytes"},
-                                     {"decode_weight_read_rate", bytes * r.decode_tps / 1e9, "GB/s"}}));
+                                          " runs=", runs, " backend=", backend);
+  std::vector<BenchRow> rows = {{"prefill_tokens_per_s", r.prefill_tps, "tok/s"},
+                                {"decode_tokens_per_s", r.decode_tps, "tok/s"},
+                                {"decode_weight_bytes_per_token", bytes, "bytes"},
+                                {"decode_weight_read_rate", bytes * r.decode_tps / 1e9, "GB/s"}};
+  if (cuda) {
+    const double cache = decode_cache_bytes(m->config(), n_prompt + n_decode / 2);
+    ASSIGN_OR_RETURN(const double bw, copy_bandwidth());
+    const double bound_ms = (bytes + cache) / bw * 1e3;
+    rows.push_back({"load_seconds", load_s, "s"});
+    rows.push_back({"decode_step_ms_median", r.step_ms, "ms"});
+    rows.push_back({"decode_cache_bytes_per_token", cache, "bytes"});
+    rows.push_back({"device_copy_bandwidth", bw / 1e9, "GB/s"});
+    rows.push_back({"decode_step_bound_ms", bound_ms, "ms"});
+    rows.push_back({"decode_fraction_of_bound", bound_ms / r.step_ms, "ratio"});
+    ASSIGN_OR_RETURN(const auto phases, decode_profile(*m, n_prompt, std::min<int64_t>(n_decode, 16)));
+    for (const auto& [name, ms] : phases) rows.push_back({"decode_phase_" + name + "_ms", ms, "ms (synchronised)"});
+  }
+  RETURN_IF_ERROR(append_bench_rows(a.get_or("csv", "bench/results.csv"), cuda ? "cuda_forward" : "cpu_forward", config,
+                                    rows));
   std::printf("(median of %lld runs)\n", static_cast<long long>(runs));
   return absl::OkStatus();
 }
@@ -87,9 +168,11 @@ Status run(const Args& a) {
 }  // namespace
 
 int bench_main(const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {}, {"model", "prompt", "decode", "runs", "csv", "label"});
+  auto args = Args::parse(argv, {}, {"model", "prompt", "decode", "runs", "csv", "label", "backend"});
   if (!args.ok() || !args->has("model")) {
-    std::fprintf(stderr, "usage: dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--label L]\n");
+    std::fprintf(stderr,
+                 "usage: dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--label L] "
+                 "[--backend cpu|cuda]\n");
     return 2;
   }
   return exit_code(run(*args));

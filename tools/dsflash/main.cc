@@ -18,7 +18,7 @@ void usage() {
                "  detokenize --model FILE ID...             token ids -> text\n"
                "  logits --model FILE --tokens 1,2,3 [--decode N] --out FILE.npy\n"
                "                                            CPU logits [S + N, vocab]; prints the N greedy tokens\n"
-               "  bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH]\n"
+               "  bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--backend cpu|cuda]\n"
                "                                            CPU prefill/decode tokens/s -> bench/results.csv\n"
                "  generate [--server ADDR] [--chat] [--max-tokens N] [--temperature T] [--seed N] [--json] PROMPT...\n"
                "                                            stream text from a running dsflash-inference\n");
