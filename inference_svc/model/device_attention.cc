@@ -2,6 +2,7 @@
 // the compressor and the indexer of source layers, sparse attention over [window rows ;
 // compressed cache] and the grouped low-rank output.
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "inference_svc/model/device_model.h"
@@ -117,6 +118,7 @@ Status DeviceModel::compressed_kv(int l, Call& call, const float* x, const float
     ASSIGN_OR_RETURN(latent, compress(l, call, x, &n_new));
   }
   if (L.is_index_source) {
+    Phase phase(*this, ctx, "attention.indexer");
     if (compress_len == 0) {
       call.topk = DevBuf<int32_t>();
       call.topk_width = 0;
@@ -161,6 +163,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim, W = cfg_.window, pos0 = call.pos0;
   const size_t f = sizeof(float);
   // Query.
+  std::optional<Phase> proj(std::in_place, *this, ctx, "attention.q_kv_projections");
   ASSIGN_OR_RETURN(auto qr, DevBuf<float>::make(ctx, S * cfg_.q_lora_rank));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));
   RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
@@ -184,8 +187,10 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
     kv_a = joined.get();
   }
   RETURN_IF_ERROR(kernels::attn::ring_write_cuda(ctx, kv.get(), pos0, S, W, Dh, st.ring.get()));
+  proj.reset();
   const float* kv_b = nullptr;
   if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), kv_b));
+  Phase sparse(*this, ctx, "attention.sparse_and_output");
   // Index lists: [window ; published top-k].
   const int64_t ww = pos0 == 0 ? std::min(S, W) : W;
   const int64_t tw = L.compress_ratio > 0 ? call.topk_width : 0, width = ww + tw;

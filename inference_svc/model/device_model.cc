@@ -22,28 +22,26 @@ namespace dsflash::model {
 using kernels::Copy;
 using kernels::ExecCtx;
 
-// A profiled phase: synchronises the stream at both ends and adds the wall time.
-class DeviceModel::Phase {
- public:
-  Phase(const DeviceModel& m, const ExecCtx& ctx, const char* name) : m_(m), ctx_(ctx), name_(name) {
-    if (!m_.profile_) return;
-    (void)kernels::stream_sync(ctx_);
-    t0_ = std::chrono::steady_clock::now();
-  }
-  ~Phase() {
-    if (!m_.profile_) return;
-    (void)kernels::stream_sync(ctx_);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
-    std::lock_guard<std::mutex> lock(m_.profile_mu_);
-    m_.profile_ms_[name_] += ms;
-  }
+namespace {
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
 
- private:
-  const DeviceModel& m_;
-  const ExecCtx& ctx_;
-  const char* name_;
-  std::chrono::steady_clock::time_point t0_;
-};
+DeviceModel::Phase::Phase(const DeviceModel& m, const ExecCtx& ctx, const char* name)
+    : m_(m), ctx_(ctx), name_(name), on_(m.profile_) {
+  if (!on_) return;
+  (void)kernels::stream_sync(ctx_);
+  t0_ns_ = now_ns();
+}
+
+DeviceModel::Phase::~Phase() {
+  if (!on_) return;
+  (void)kernels::stream_sync(ctx_);
+  const double ms = static_cast<double>(now_ns() - t0_ns_) / 1e6;
+  std::lock_guard<std::mutex> lock(m_.profile_mu_);
+  m_.profile_ms_[name_] += ms;
+}
 
 void DeviceModel::set_profiling(bool on) {
   std::lock_guard<std::mutex> lock(profile_mu_);

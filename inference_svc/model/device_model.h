@@ -139,6 +139,20 @@ class DeviceModel {
   class Phase;
 };
 
+// A profiled phase: synchronises the stream at both ends and adds the wall time (profiling on).
+class DeviceModel::Phase {
+ public:
+  Phase(const DeviceModel& m, const kernels::ExecCtx& ctx, const char* name);
+  ~Phase();
+
+ private:
+  const DeviceModel& m_;
+  const kernels::ExecCtx& ctx_;
+  const char* name_;
+  bool on_;
+  int64_t t0_ns_ = 0;
+};
+
 // Per-forward state shared down the layer stack (call.h's Model::Call on the device).
 struct DeviceModel::Call {
   const kernels::ExecCtx& ctx;

@@ -11,20 +11,39 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// grid (M, S): one mix of one token per block.
-__global__ void mixes_kernel(const float* __restrict__ h, const float* __restrict__ fn, int64_t n, int M, float eps,
-                             float* __restrict__ m) {
+// grid (M, S, P): a partial of one mix of one token over part p of the C*D values (enough
+// blocks to stream fn at full bandwidth); the sum of squares comes with mix 0's partials.
+__global__ void mixes_partial_kernel(const float* __restrict__ h, const float* __restrict__ fn, int64_t n, int M,
+                                     int64_t chunk, float* __restrict__ part_dot, float* __restrict__ part_ss) {
   __shared__ float part[kThreads / 32];
+  const int P = gridDim.z;
   const float* ht = h + blockIdx.y * n;
   const float* row = fn + blockIdx.x * n;
+  const int64_t lo = blockIdx.z * chunk, hi = min(n, lo + chunk);
   float ss = 0.0f, acc = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) {
+  for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
     ss = fmaf(ht[i], ht[i], ss);
     acc = fmaf(ht[i], row[i], acc);
   }
-  ss = cuda::block_sum<kThreads>(ss, part);
   acc = cuda::block_sum<kThreads>(acc, part);
-  if (threadIdx.x == 0) m[blockIdx.y * M + blockIdx.x] = acc * (1.0f / sqrtf(ss / static_cast<float>(n) + eps));
+  if (blockIdx.x == 0) ss = cuda::block_sum<kThreads>(ss, part);
+  if (threadIdx.x != 0) return;
+  part_dot[(blockIdx.y * M + blockIdx.x) * P + blockIdx.z] = acc;
+  if (blockIdx.x == 0) part_ss[blockIdx.y * P + blockIdx.z] = ss;
+}
+
+// m[t][k] = (sum of the partials, in order) * rsqrt(mean square + eps); one thread per mix.
+__global__ void mixes_finish_kernel(const float* __restrict__ part_dot, const float* __restrict__ part_ss, int64_t n,
+                                    int M, int P, int64_t S, float eps, float* __restrict__ m) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][M]
+  if (i >= S * M) return;
+  const int64_t t = i / M;
+  float ss = 0.0f, acc = 0.0f;
+  for (int p = 0; p < P; ++p) {
+    ss += part_ss[t * P + p];
+    acc += part_dot[i * P + p];
+  }
+  m[i] = acc * (1.0f / sqrtf(ss / static_cast<float>(n) + eps));
 }
 
 __global__ void split_kernel(const float* __restrict__ m, const float* __restrict__ scale, const float* __restrict__ base,
@@ -69,10 +88,23 @@ Status mixes_cuda(const ExecCtx& ctx, const float* h, const float* fn, int C, in
                   float* m) {
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
   const int M = (2 + C) * C;
-  return cuda::launch(mixes_kernel,
-                      cuda::LaunchParams{dim3(static_cast<unsigned>(M), static_cast<unsigned>(S)), dim3(kThreads), 0,
-                                         static_cast<cudaStream_t>(ctx.cuda_stream)},
-                      h, fn, static_cast<int64_t>(C) * D, M, norm_eps, m);
+  const int64_t n = static_cast<int64_t>(C) * D;
+  const int P = static_cast<int>(std::min<int64_t>(32, (n + 2047) / 2048));
+  const int64_t chunk = (n + P - 1) / P;
+  cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  float* part = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&part, static_cast<size_t>(S) * (M + 1) * P * sizeof(float), st));
+  float* part_ss = part + S * M * P;
+  const Status s = [&]() -> Status {
+    RETURN_IF_ERROR(cuda::launch(
+        mixes_partial_kernel,
+        cuda::LaunchParams{dim3(static_cast<unsigned>(M), static_cast<unsigned>(S), static_cast<unsigned>(P)),
+                           dim3(kThreads), 0, st},
+        h, fn, n, M, chunk, part, part_ss));
+    return cuda::launch(mixes_finish_kernel, flat(ctx, S * M), part, part_ss, n, M, P, S, norm_eps, m);
+  }();
+  cudaFreeAsync(part, st);
+  return s;
 }
 
 Status split_cuda(const ExecCtx& ctx, const float* m, const float* scale, const float* base, int C, int64_t S, int iters,

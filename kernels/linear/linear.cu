@@ -190,6 +190,67 @@ __global__ void __launch_bounds__(kWarps * 32) linear_sub_kernel(LinearParams p)
   }
 }
 
+// Q4_K, one token (decode): a warp takes kRows rows so that each activation value loaded
+// serves them all. Lane l covers, in blocks l/8, l/8 + 4, ..., the 16 code bytes at 16 (l % 8):
+// values 64c + 16h + [0, 16) in the low nibbles and 64c + 32 + 16h + [0, 16) in the high ones
+// (c = (l % 8) / 2, h = l % 2; sub-blocks 2c and 2c + 1). One 16-byte load per row and block;
+// a code becomes a float by a byte permute into 2^23's mantissa and one subtraction.
+constexpr int kRows = 4;
+
+__device__ __forceinline__ float code_at(uint32_t word, int k) {
+  return __int_as_float(static_cast<int>(__byte_perm(word, 0x4B000000u, 0x7540u + k))) - 8388608.0f;
+}
+
+__global__ void __launch_bounds__(kWarps * 32) q4k_gemv_kernel(LinearParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= p.rows) return;
+  const int q = lane & 7, c = q >> 1, h = q & 1;
+  const int64_t n_blocks = p.cols / 256;
+  float acc[kRows] = {};
+  for (int64_t b = lane >> 3; b < n_blocks; b += 4) {
+    const float4* xl4 = reinterpret_cast<const float4*>(p.x + b * 256 + 64 * c + 16 * h);
+    float xl[16], xh[16];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 a = __ldg(xl4 + k), e = __ldg(xl4 + 8 + k);
+      xl[4 * k] = a.x, xl[4 * k + 1] = a.y, xl[4 * k + 2] = a.z, xl[4 * k + 3] = a.w;
+      xh[4 * k] = e.x, xh[4 * k + 1] = e.y, xh[4 * k + 2] = e.z, xh[4 * k + 3] = e.w;
+    }
+    float sxl = 0.0f, sxh = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sxl += xl[i], sxh += xh[i];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (row0 + r >= p.rows) break;
+      const uint8_t* blk = p.w + (row0 + r) * p.row_bytes + b * 144;
+      const uint4 qv = *reinterpret_cast<const uint4*>(blk + 16 + 16 * q);
+      int sc0, m0, sc1, m1;
+      scale_min_k4(2 * c, blk + 4, &sc0, &m0);
+      scale_min_k4(2 * c + 1, blk + 4, &sc1, &m1);
+      const uint32_t words[4] = {qv.x, qv.y, qv.z, qv.w};
+      float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t wl = words[k] & 0x0f0f0f0fu, wh = (words[k] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          lo = fmaf(xl[4 * k + i], code_at(wl, i), lo);
+          hi = fmaf(xh[4 * k + i], code_at(wh, i), hi);
+        }
+      }
+      const float d = half_at(blk), dmin = half_at(blk + 2);
+      acc[r] += d * (static_cast<float>(sc0) * lo + static_cast<float>(sc1) * hi) -
+                dmin * (static_cast<float>(m0) * sxl + static_cast<float>(m1) * sxh);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_down_sync(0xffffffffu, acc[r], off);
+    if (lane == 0 && row0 + r < p.rows) p.y[row0 + r] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[r])) : acc[r];
+  }
+}
+
 template <GgmlType kType>
 Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   const unsigned grid = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
@@ -203,6 +264,13 @@ Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   // (161 vs 212 GB/s measured on H200).
   if constexpr (kType == GgmlType::kQ6_K) return cuda::launch(linear_sub_kernel<kType>, lp, p);
   if constexpr (kType == GgmlType::kQ4_K) {
+    // Decode: 16-byte code loads need a 16-byte aligned W (144-byte blocks keep it) and float4
+    // activation loads a 16-byte aligned x.
+    if (p.n_tok == 1 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && p.row_bytes % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
+      const unsigned g = static_cast<unsigned>((p.rows + kWarps * kRows - 1) / (kWarps * kRows));
+      return cuda::launch(q4k_gemv_kernel, cuda::LaunchParams{dim3(g), lp.block, 0, lp.stream}, p);
+    }
     // Word loads of the code bytes need a 4-byte aligned W (144-byte blocks keep it).
     if (reinterpret_cast<uintptr_t>(p.w) % 4 == 0 && p.row_bytes % 4 == 0) return cuda::launch(linear_sub_kernel<kType>, lp, p);
   }
