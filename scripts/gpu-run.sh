@@ -27,10 +27,12 @@ if [[ ${DSF_MODEL_BENCH:-0} == 1 ]]; then
     out/gpu/bin/dsflash mkmodel --preset perf --out "$perf" --no-progress >> "$logs/bench.log" 2>&1 || rc=1
     echo "mkmodel perf: $((SECONDS - t0)) s" >> "$logs/bench.log"
   fi
-  out/gpu/bin/dsflash bench --backend cuda --model "$perf" --label perf --prompt 512 --decode 64 --runs 3 \
-    --csv "$logs/bench.csv" >> "$logs/bench.log" 2>&1 || rc=1
-  out/gpu/bin/dsflash bench --backend cuda --model "$perf" --label perf --prompt 4096 --decode 8 --runs 2 \
-    --csv "$logs/bench.csv" >> "$logs/bench.log" 2>&1 || rc=1
+  out/gpu/bin/dsflash bench --backend cuda --model "$perf" --label perf --prompt 512 --decode 64 \
+    --runs "${DSF_BENCH_RUNS:-3}" --csv "$logs/bench.csv" >> "$logs/bench.log" 2>&1 || rc=1
+  if [[ ${DSF_LONG_PREFILL:-0} == 1 ]]; then
+    out/gpu/bin/dsflash bench --backend cuda --model "$perf" --label perf --prompt 4096 --decode 8 --runs 1 \
+      --csv "$logs/bench.csv" >> "$logs/bench.log" 2>&1 || rc=1
+  fi
   tail -40 "$logs/bench.log"
 fi
 # Expert store: hit path and miss path (host and device arenas) on the mid synthetic model

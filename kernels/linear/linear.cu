@@ -251,6 +251,61 @@ __global__ void __launch_bounds__(kWarps * 32) q4k_gemv_kernel(LinearParams p) {
   }
 }
 
+// Q6_K, one token: as q4k_gemv_kernel. Lane l covers, in blocks l/8, l/8 + 4, ..., the 16 low-
+// code bytes ql[16 (l % 8) + 0..16) of half n = (l % 8) / 4 at l0 = 16 (l % 4) (quarters
+// qa = l0 / 32 from the low nibbles and qa + 2 from the high ones) with their high bits
+// qh[32n + l0 % 32 + 0..16).
+__global__ void __launch_bounds__(kWarps * 32) q6k_gemv_kernel(LinearParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= p.rows) return;
+  const int q = lane & 7, n = q >> 2, o = 16 * (q & 3), qa = o >> 5, l0 = o & 31;
+  const int64_t n_blocks = p.cols / 256;
+  float acc[kRows] = {};
+  for (int64_t b = lane >> 3; b < n_blocks; b += 4) {
+    const float4* xa4 = reinterpret_cast<const float4*>(p.x + b * 256 + 128 * n + 32 * qa + l0);
+    float xa[16], xb[16];  // quarter qa, quarter qa + 2 (64 values further)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 a = __ldg(xa4 + k), e = __ldg(xa4 + 16 + k);
+      xa[4 * k] = a.x, xa[4 * k + 1] = a.y, xa[4 * k + 2] = a.z, xa[4 * k + 3] = a.w;
+      xb[4 * k] = e.x, xb[4 * k + 1] = e.y, xb[4 * k + 2] = e.z, xb[4 * k + 3] = e.w;
+    }
+    float sxa = 0.0f, sxb = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sxa += xa[i], sxb += xb[i];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (row0 + r >= p.rows) break;
+      const uint8_t* blk = p.w + (row0 + r) * p.row_bytes + b * 210;
+      // 210-byte blocks are only 2-byte aligned: words from half-word loads.
+      const uint16_t* ql = reinterpret_cast<const uint16_t*>(blk + 16 * q);
+      const uint16_t* qh = reinterpret_cast<const uint16_t*>(blk + 128 + 32 * n + l0);
+      float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t wl = ql[2 * k] | (static_cast<uint32_t>(ql[2 * k + 1]) << 16);
+        const uint32_t wh = qh[2 * k] | (static_cast<uint32_t>(qh[2 * k + 1]) << 16);
+        const uint32_t ca = (wl & 0x0f0f0f0fu) | (((wh >> (2 * qa)) & 0x03030303u) << 4);
+        const uint32_t cb = ((wl >> 4) & 0x0f0f0f0fu) | (((wh >> (2 * qa + 4)) & 0x03030303u) << 4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          sa = fmaf(xa[4 * k + i], code_at(ca, i), sa);
+          sb = fmaf(xb[4 * k + i], code_at(cb, i), sb);
+        }
+      }
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192 + 8 * n + l0 / 16);
+      acc[r] += half_at(blk + 208) * (static_cast<float>(sc[2 * qa]) * (sa - 32.0f * sxa) +
+                                      static_cast<float>(sc[2 * qa + 4]) * (sb - 32.0f * sxb));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_down_sync(0xffffffffu, acc[r], off);
+    if (lane == 0 && row0 + r < p.rows) p.y[row0 + r] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[r])) : acc[r];
+  }
+}
+
 template <GgmlType kType>
 Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   const unsigned grid = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
@@ -262,7 +317,16 @@ Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   }
   // Q8_0 stays on the per-value kernel: its 34-byte blocks make per-lane block reads uncoalesced
   // (161 vs 212 GB/s measured on H200).
-  if constexpr (kType == GgmlType::kQ6_K) return cuda::launch(linear_sub_kernel<kType>, lp, p);
+  if constexpr (kType == GgmlType::kQ6_K) {
+    // Decode: half-word loads of the codes need a 2-byte aligned W, float4 activation loads a
+    // 16-byte aligned x.
+    if (p.n_tok == 1 && reinterpret_cast<uintptr_t>(p.w) % 2 == 0 && p.row_bytes % 2 == 0 &&
+        reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
+      const unsigned g = static_cast<unsigned>((p.rows + kWarps * kRows - 1) / (kWarps * kRows));
+      return cuda::launch(q6k_gemv_kernel, cuda::LaunchParams{dim3(g), lp.block, 0, lp.stream}, p);
+    }
+    return cuda::launch(linear_sub_kernel<kType>, lp, p);
+  }
   if constexpr (kType == GgmlType::kQ4_K) {
     // Decode: 16-byte code loads need a 16-byte aligned W (144-byte blocks keep it) and float4
     // activation loads a 16-byte aligned x.

@@ -156,7 +156,7 @@ Status run(const Args& a) {
     rows.push_back({"device_copy_bandwidth", bw / 1e9, "GB/s"});
     rows.push_back({"decode_step_bound_ms", bound_ms, "ms"});
     rows.push_back({"decode_fraction_of_bound", bound_ms / r.step_ms, "ratio"});
-    ASSIGN_OR_RETURN(const auto phases, decode_profile(*m, n_prompt, std::min<int64_t>(n_decode, 16)));
+    ASSIGN_OR_RETURN(const auto phases, decode_profile(*m, std::min<int64_t>(n_prompt, 64), std::min<int64_t>(n_decode, 16)));
     for (const auto& [name, ms] : phases) rows.push_back({"decode_phase_" + name + "_ms", ms, "ms (synchronised)"});
   }
   RETURN_IF_ERROR(append_bench_rows(a.get_or("csv", "bench/results.csv"), cuda ? "cuda_forward" : "cpu_forward", config,
