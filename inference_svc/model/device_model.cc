@@ -331,6 +331,10 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   ASSIGN_OR_RETURN(auto a, DevBuf<float>::make(ctx, std::max(R, S) * F));
   ASSIGN_OR_RETURN(auto b, DevBuf<float>::make(ctx, std::max(R, S) * F));
   ASSIGN_OR_RETURN(auto ye, DevBuf<float>::make(ctx, R * D));
+  if (S == 1 && R <= kernels::kMaxLinearBatch) {
+    RETURN_IF_ERROR(decode_experts(w, L, ctx, by_expert, x, w_d.get(), a.get(), b.get(), ye.get()));
+    return shared_and_combine(w, L, call, x, ye.get(), rows_d.get(), y);
+  }
   RETURN_IF_ERROR(kernels::moe::gather_tokens_cuda(ctx, x, D, tok_d.get(), R, xe.get()));
   int64_t r0 = 0;
   for (const auto& [e, slots] : by_expert) {
@@ -342,15 +346,48 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
     RETURN_IF_ERROR(dev_linear(ctx, w.exp_down.slice_rows(e * Dd, Dd), a.get() + r0 * F, n, ye.get() + r0 * D));
     r0 += n;
   }
+  return shared_and_combine(w, L, call, x, ye.get(), rows_d.get(), y);
+}
+
+// A decode step's routed experts (one token): gate, up and down of every expert each in one
+// launch, the SwiGLU of all in one.
+Status DeviceModel::decode_experts(const Layer& w, const config::LayerConfig& L, const ExecCtx& ctx,
+                                   const std::map<int32_t, std::vector<int64_t>>& by_expert, const float* x,
+                                   const float* weights, float* a, float* b, float* ye) const {
+  const int64_t E = cfg_.n_expert, D = cfg_.n_embd, F = w.exp_gate.rows / E, Dd = w.exp_down.rows / E;
+  std::vector<kernels::LinearJob> gate, up, down;
+  int64_t r = 0;
+  for (const auto& [e, slots] : by_expert) {
+    gate.push_back({w.exp_gate.slice_rows(e * F, F), x, a + r * F});
+    up.push_back({w.exp_up.slice_rows(e * F, F), x, b + r * F});
+    down.push_back({w.exp_down.slice_rows(e * Dd, Dd), a + r * F, ye + r * D});
+    ++r;
+  }
+  const int n = static_cast<int>(r);
+  RETURN_IF_ERROR(kernels::linear_batch_cuda(ctx, gate.data(), n));
+  RETURN_IF_ERROR(kernels::linear_batch_cuda(ctx, up.data(), n));
+  RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a, b, r, F, L.swiglu_limit_exp, weights));
+  return kernels::linear_batch_cuda(ctx, down.data(), n);
+}
+
+// The shared expert on every token, then each token's routed outputs (rows) and its shared one.
+Status DeviceModel::shared_and_combine(const Layer& w, const config::LayerConfig& L, Call& call, const float* x,
+                                       const float* ye, const int32_t* rows, float* y) const {
+  const ExecCtx& ctx = call.ctx;
+  const int64_t D = cfg_.n_embd, K = cfg_.n_expert_used, S = call.S, Fs = w.sh_gate.rows;
   ASSIGN_OR_RETURN(auto shared, DevBuf<float>::make(ctx, S * D));
-  const int64_t Fs = w.sh_gate.rows;
   ASSIGN_OR_RETURN(auto sa, DevBuf<float>::make(ctx, S * Fs));
   ASSIGN_OR_RETURN(auto sb, DevBuf<float>::make(ctx, S * Fs));
-  RETURN_IF_ERROR(dev_linear(ctx, w.sh_gate, x, S, sa.get()));
-  RETURN_IF_ERROR(dev_linear(ctx, w.sh_up, x, S, sb.get()));
+  if (S == 1) {
+    const kernels::LinearJob jobs[] = {{w.sh_gate, x, sa.get()}, {w.sh_up, x, sb.get()}};
+    RETURN_IF_ERROR(kernels::linear_batch_cuda(ctx, jobs, 2));
+  } else {
+    RETURN_IF_ERROR(dev_linear(ctx, w.sh_gate, x, S, sa.get()));
+    RETURN_IF_ERROR(dev_linear(ctx, w.sh_up, x, S, sb.get()));
+  }
   RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, sa.get(), sb.get(), S, Fs, L.swiglu_limit_shexp, nullptr));
   RETURN_IF_ERROR(dev_linear(ctx, w.sh_down, sa.get(), S, shared.get()));
-  return kernels::moe::combine_cuda(ctx, ye.get(), rows_d.get(), shared.get(), S, K, D, y);
+  return kernels::moe::combine_cuda(ctx, ye, rows, shared.get(), S, K, D, y);
 }
 
 // Engram (ffn.cc Model::engram): row ids hashed on the host from the compressed token ids

@@ -122,6 +122,11 @@ class DeviceModel {
   Status indexer(int l, Call& call, const float* x, const float* qr, const float* latent, int64_t n_new) const;
   Status grouped_output(int l, Call& call, const float* o, float* y) const;
   Status moe(int l, Call& call, const float* x, float* y) const;
+  Status decode_experts(const Layer& w, const config::LayerConfig& L, const kernels::ExecCtx& ctx,
+                        const std::map<int32_t, std::vector<int64_t>>& by_expert, const float* x, const float* weights,
+                        float* a, float* b, float* ye) const;
+  Status shared_and_combine(const Layer& w, const config::LayerConfig& L, Call& call, const float* x, const float* ye,
+                            const int32_t* rows, float* y) const;
   Status engram(int l, Call& call, float* h) const;
   Status head(Call& call, const float* h, const float* pre_mix, bool all_logits, std::vector<float>* logits) const;
 

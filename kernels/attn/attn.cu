@@ -11,7 +11,7 @@ namespace {
 using cuda::round_bf16;
 
 constexpr int kChunk = 64;  // entries per online-softmax step, as the reference
-constexpr int kAttnThreads = 128;
+constexpr int kAttnThreads = 512;
 
 // grid (H, S): one head of one query row. Per chunk: logits by warps, the chunk max and the
 // probabilities by warp 0 (their sum in entry order by lane 0), then each thread forms the

@@ -1,9 +1,13 @@
-// linear_cuda in a build without the CUDA backend.
+// linear_cuda and linear_batch_cuda in a build without the CUDA backend.
 #include "kernels/linear/linear_cuda.h"
 
 namespace dsflash::kernels {
 
 Status linear_cuda(const ExecCtx&, const Weight&, const float*, int64_t, float*, OutRound) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+
+Status linear_batch_cuda(const ExecCtx&, const LinearJob*, int, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 

@@ -8,24 +8,13 @@
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/ggml_blocks.cuh"
 #include "kernels/linear/linear_cuda.h"
+#include "kernels/linear/linear_params.cuh"
 
 namespace dsflash::kernels {
 namespace {
 
 using quant::GgmlType;
 using namespace dsflash::kernels::cuda;
-
-constexpr int kWarps = 8;  // rows per CUDA block
-constexpr int kTok = 4;    // tokens per pass
-
-struct LinearParams {
-  const uint8_t* w;  // [rows][row_bytes]
-  const float* x;    // [n_tok][cols]
-  float* y;          // [n_tok][rows]
-  int64_t rows, cols, row_bytes, n_tok;
-  int block_elems, block_bytes;
-  bool round_bf16;
-};
 
 // Warp-reduces each token's partial sums and lets lane 0 write the row's outputs (static
 // indices keep acc in registers).
@@ -190,122 +179,6 @@ __global__ void __launch_bounds__(kWarps * 32) linear_sub_kernel(LinearParams p)
   }
 }
 
-// Q4_K, one token (decode): a warp takes kRows rows so that each activation value loaded
-// serves them all. Lane l covers, in blocks l/8, l/8 + 4, ..., the 16 code bytes at 16 (l % 8):
-// values 64c + 16h + [0, 16) in the low nibbles and 64c + 32 + 16h + [0, 16) in the high ones
-// (c = (l % 8) / 2, h = l % 2; sub-blocks 2c and 2c + 1). One 16-byte load per row and block;
-// a code becomes a float by a byte permute into 2^23's mantissa and one subtraction.
-constexpr int kRows = 4;
-
-__device__ __forceinline__ float code_at(uint32_t word, int k) {
-  return __int_as_float(static_cast<int>(__byte_perm(word, 0x4B000000u, 0x7540u + k))) - 8388608.0f;
-}
-
-__global__ void __launch_bounds__(kWarps * 32) q4k_gemv_kernel(LinearParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
-  if (row0 >= p.rows) return;
-  const int q = lane & 7, c = q >> 1, h = q & 1;
-  const int64_t n_blocks = p.cols / 256;
-  float acc[kRows] = {};
-  for (int64_t b = lane >> 3; b < n_blocks; b += 4) {
-    const float4* xl4 = reinterpret_cast<const float4*>(p.x + b * 256 + 64 * c + 16 * h);
-    float xl[16], xh[16];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 a = __ldg(xl4 + k), e = __ldg(xl4 + 8 + k);
-      xl[4 * k] = a.x, xl[4 * k + 1] = a.y, xl[4 * k + 2] = a.z, xl[4 * k + 3] = a.w;
-      xh[4 * k] = e.x, xh[4 * k + 1] = e.y, xh[4 * k + 2] = e.z, xh[4 * k + 3] = e.w;
-    }
-    float sxl = 0.0f, sxh = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) sxl += xl[i], sxh += xh[i];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (row0 + r >= p.rows) break;
-      const uint8_t* blk = p.w + (row0 + r) * p.row_bytes + b * 144;
-      const uint4 qv = *reinterpret_cast<const uint4*>(blk + 16 + 16 * q);
-      int sc0, m0, sc1, m1;
-      scale_min_k4(2 * c, blk + 4, &sc0, &m0);
-      scale_min_k4(2 * c + 1, blk + 4, &sc1, &m1);
-      const uint32_t words[4] = {qv.x, qv.y, qv.z, qv.w};
-      float lo = 0.0f, hi = 0.0f;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t wl = words[k] & 0x0f0f0f0fu, wh = (words[k] >> 4) & 0x0f0f0f0fu;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          lo = fmaf(xl[4 * k + i], code_at(wl, i), lo);
-          hi = fmaf(xh[4 * k + i], code_at(wh, i), hi);
-        }
-      }
-      const float d = half_at(blk), dmin = half_at(blk + 2);
-      acc[r] += d * (static_cast<float>(sc0) * lo + static_cast<float>(sc1) * hi) -
-                dmin * (static_cast<float>(m0) * sxl + static_cast<float>(m1) * sxh);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_down_sync(0xffffffffu, acc[r], off);
-    if (lane == 0 && row0 + r < p.rows) p.y[row0 + r] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[r])) : acc[r];
-  }
-}
-
-// Q6_K, one token: as q4k_gemv_kernel. Lane l covers, in blocks l/8, l/8 + 4, ..., the 16 low-
-// code bytes ql[16 (l % 8) + 0..16) of half n = (l % 8) / 4 at l0 = 16 (l % 4) (quarters
-// qa = l0 / 32 from the low nibbles and qa + 2 from the high ones) with their high bits
-// qh[32n + l0 % 32 + 0..16).
-__global__ void __launch_bounds__(kWarps * 32) q6k_gemv_kernel(LinearParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
-  if (row0 >= p.rows) return;
-  const int q = lane & 7, n = q >> 2, o = 16 * (q & 3), qa = o >> 5, l0 = o & 31;
-  const int64_t n_blocks = p.cols / 256;
-  float acc[kRows] = {};
-  for (int64_t b = lane >> 3; b < n_blocks; b += 4) {
-    const float4* xa4 = reinterpret_cast<const float4*>(p.x + b * 256 + 128 * n + 32 * qa + l0);
-    float xa[16], xb[16];  // quarter qa, quarter qa + 2 (64 values further)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 a = __ldg(xa4 + k), e = __ldg(xa4 + 16 + k);
-      xa[4 * k] = a.x, xa[4 * k + 1] = a.y, xa[4 * k + 2] = a.z, xa[4 * k + 3] = a.w;
-      xb[4 * k] = e.x, xb[4 * k + 1] = e.y, xb[4 * k + 2] = e.z, xb[4 * k + 3] = e.w;
-    }
-    float sxa = 0.0f, sxb = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) sxa += xa[i], sxb += xb[i];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (row0 + r >= p.rows) break;
-      const uint8_t* blk = p.w + (row0 + r) * p.row_bytes + b * 210;
-      // 210-byte blocks are only 2-byte aligned: words from half-word loads.
-      const uint16_t* ql = reinterpret_cast<const uint16_t*>(blk + 16 * q);
-      const uint16_t* qh = reinterpret_cast<const uint16_t*>(blk + 128 + 32 * n + l0);
-      float sa = 0.0f, sb = 0.0f;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t wl = ql[2 * k] | (static_cast<uint32_t>(ql[2 * k + 1]) << 16);
-        const uint32_t wh = qh[2 * k] | (static_cast<uint32_t>(qh[2 * k + 1]) << 16);
-        const uint32_t ca = (wl & 0x0f0f0f0fu) | (((wh >> (2 * qa)) & 0x03030303u) << 4);
-        const uint32_t cb = ((wl >> 4) & 0x0f0f0f0fu) | (((wh >> (2 * qa + 4)) & 0x03030303u) << 4);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          sa = fmaf(xa[4 * k + i], code_at(ca, i), sa);
-          sb = fmaf(xb[4 * k + i], code_at(cb, i), sb);
-        }
-      }
-      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192 + 8 * n + l0 / 16);
-      acc[r] += half_at(blk + 208) * (static_cast<float>(sc[2 * qa]) * (sa - 32.0f * sxa) +
-                                      static_cast<float>(sc[2 * qa + 4]) * (sb - 32.0f * sxb));
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_down_sync(0xffffffffu, acc[r], off);
-    if (lane == 0 && row0 + r < p.rows) p.y[row0 + r] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[r])) : acc[r];
-  }
-}
-
 template <GgmlType kType>
 Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   const unsigned grid = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
@@ -317,24 +190,8 @@ Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   }
   // Q8_0 stays on the per-value kernel: its 34-byte blocks make per-lane block reads uncoalesced
   // (161 vs 212 GB/s measured on H200).
-  if constexpr (kType == GgmlType::kQ6_K) {
-    // Decode: half-word loads of the codes need a 2-byte aligned W, float4 activation loads a
-    // 16-byte aligned x.
-    if (p.n_tok == 1 && reinterpret_cast<uintptr_t>(p.w) % 2 == 0 && p.row_bytes % 2 == 0 &&
-        reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
-      const unsigned g = static_cast<unsigned>((p.rows + kWarps * kRows - 1) / (kWarps * kRows));
-      return cuda::launch(q6k_gemv_kernel, cuda::LaunchParams{dim3(g), lp.block, 0, lp.stream}, p);
-    }
-    return cuda::launch(linear_sub_kernel<kType>, lp, p);
-  }
+  if constexpr (kType == GgmlType::kQ6_K) return cuda::launch(linear_sub_kernel<kType>, lp, p);
   if constexpr (kType == GgmlType::kQ4_K) {
-    // Decode: 16-byte code loads need a 16-byte aligned W (144-byte blocks keep it) and float4
-    // activation loads a 16-byte aligned x.
-    if (p.n_tok == 1 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && p.row_bytes % 16 == 0 &&
-        reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
-      const unsigned g = static_cast<unsigned>((p.rows + kWarps * kRows - 1) / (kWarps * kRows));
-      return cuda::launch(q4k_gemv_kernel, cuda::LaunchParams{dim3(g), lp.block, 0, lp.stream}, p);
-    }
     // Word loads of the code bytes need a 4-byte aligned W (144-byte blocks keep it).
     if (reinterpret_cast<uintptr_t>(p.w) % 4 == 0 && p.row_bytes % 4 == 0) return cuda::launch(linear_sub_kernel<kType>, lp, p);
   }
@@ -354,6 +211,7 @@ Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t 
   }
   const LinearParams p{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), n_tok,
                        static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
+  if (decode_gemv_applies(w.type, &p, 1)) return launch_decode_gemv(ctx, w.type, &p, 1);
   switch (w.type) {
     case GgmlType::kF32: return launch_linear<GgmlType::kF32>(ctx, p);
     case GgmlType::kF16: return launch_linear<GgmlType::kF16>(ctx, p);

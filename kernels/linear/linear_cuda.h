@@ -13,4 +13,16 @@ namespace dsflash::kernels {
 Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y,
                    OutRound round = OutRound::kBf16);
 
+// One single-token product y = W x of a batch (the routed experts of a layer at decode).
+struct LinearJob {
+  Weight w;  // device data
+  const float* x = nullptr;
+  float* y = nullptr;
+};
+
+// Runs n single-token products; one launch when they share type and shape (n <= kMaxLinearBatch,
+// a type with a decode GEMV), else one linear_cuda each.
+constexpr int kMaxLinearBatch = 16;
+Status linear_batch_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round = OutRound::kBf16);
+
 }  // namespace dsflash::kernels

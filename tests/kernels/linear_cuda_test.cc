@@ -73,6 +73,47 @@ TEST_P(LinearCuda, MatchesCpu) {
   }
 }
 
+// A batch of single-token products (the routed experts of a decode step) in one launch: each
+// output as its own linear on the CPU, to fp32 rounding.
+TEST_P(LinearCuda, BatchMatchesCpu) {
+  const GgmlType type = GetParam();
+  std::mt19937 rng(5 + static_cast<int>(type));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t K = 2048, N = 37;
+  const int n = 6;
+  const uint64_t rb = *quant::row_bytes(type, K);
+  std::vector<uint8_t> bytes(rb * N * n);
+  std::vector<float> wf(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * n));
+  for (int e = 0; e < n; ++e) {
+    for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+    ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data() + e * rb * N, K * N).ok());
+  }
+  for (float& v : x) v = quant::round_bf16(nd(rng));
+  uint8_t* dw = to_device(bytes);
+  float* dx = to_device(x);
+  float* dy = to_device(std::vector<float>(N * n, std::nanf("")));
+  std::vector<LinearJob> jobs;
+  for (int e = 0; e < n; ++e) jobs.push_back({Weight{type, K, N, dw + e * rb * N, rb}, dx + e * K, dy + e * N});
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ASSERT_TRUE(linear_batch_cuda(ExecCtx{Backend::kCuda, s}, jobs.data(), n, OutRound::kF32).ok());
+  std::vector<float> got(N * n);
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  for (int e = 0; e < n; ++e) {
+    std::vector<float> ref(N);
+    linear(Weight{type, K, N, bytes.data() + e * rb * N, rb}, x.data() + e * K, 1, ref.data(), OutRound::kF32);
+    for (int64_t i = 0; i < N; ++i) {
+      EXPECT_NEAR(got[e * N + i], ref[i], 1e-5 * std::sqrt(static_cast<double>(K)) * (1 + std::fabs(ref[i])))
+          << quant::traits(type).name << " product " << e << " row " << i;
+    }
+  }
+  cudaStreamDestroy(s);
+  cudaFree(dw);
+  cudaFree(dx);
+  cudaFree(dy);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,
                          ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
                                            GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ6_K,

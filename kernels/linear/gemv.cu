@@ -1,0 +1,268 @@
+// Decode GEMVs (one token): Q4_K, Q6_K, Q2_K and Q3_K rows, several rows per warp so that each
+// activation value loaded serves them all, codes turned into floats by a byte permute into
+// 2^23's mantissa and one subtraction (no integer conversion). One launch may carry up to
+// kMaxGemvBatch products of the same shape (the routed experts of a layer): blockIdx.y picks one.
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/cuda_util.cuh"
+#include "kernels/cuda/ggml_blocks.cuh"
+#include "kernels/linear/linear_cuda.h"
+#include "kernels/linear/linear_params.cuh"
+
+namespace dsflash::kernels {
+namespace {
+
+using quant::GgmlType;
+using namespace dsflash::kernels::cuda;
+
+constexpr int kRows = 4;  // rows per warp
+
+struct Batch {
+  LinearParams p[kMaxGemvBatch];
+};
+
+__device__ __forceinline__ float code_at(uint32_t word, int k) {
+  return __int_as_float(static_cast<int>(__byte_perm(word, 0x4B000000u, 0x7540u + k))) - 8388608.0f;
+}
+
+__device__ __forceinline__ void store_rows(const LinearParams& p, float (&acc)[kRows], int64_t row0, int lane) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_down_sync(0xffffffffu, acc[r], off);
+    if (lane == 0 && row0 + r < p.rows) p.y[row0 + r] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[r])) : acc[r];
+  }
+}
+
+// Q4_K: a warp takes kRows rows. Lane l covers, in blocks l/8, l/8 + 4, ..., the 16 code bytes at 16 (l % 8):
+// values 64c + 16h + [0, 16) in the low nibbles and 64c + 32 + 16h + [0, 16) in the high ones
+// (c = (l % 8) / 2, h = l % 2; sub-blocks 2c and 2c + 1). One 16-byte load per row and block.
+__device__ __forceinline__ void q4k_gemv(const LinearParams& p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= p.rows) return;
+  const int q = lane & 7, c = q >> 1, h = q & 1;
+  const int64_t n_blocks = p.cols / 256;
+  float acc[kRows] = {};
+  for (int64_t b = lane >> 3; b < n_blocks; b += 4) {
+    const float4* xl4 = reinterpret_cast<const float4*>(p.x + b * 256 + 64 * c + 16 * h);
+    float xl[16], xh[16];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 a = __ldg(xl4 + k), e = __ldg(xl4 + 8 + k);
+      xl[4 * k] = a.x, xl[4 * k + 1] = a.y, xl[4 * k + 2] = a.z, xl[4 * k + 3] = a.w;
+      xh[4 * k] = e.x, xh[4 * k + 1] = e.y, xh[4 * k + 2] = e.z, xh[4 * k + 3] = e.w;
+    }
+    float sxl = 0.0f, sxh = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sxl += xl[i], sxh += xh[i];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (row0 + r >= p.rows) break;
+      const uint8_t* blk = p.w + (row0 + r) * p.row_bytes + b * 144;
+      const uint4 qv = *reinterpret_cast<const uint4*>(blk + 16 + 16 * q);
+      int sc0, m0, sc1, m1;
+      scale_min_k4(2 * c, blk + 4, &sc0, &m0);
+      scale_min_k4(2 * c + 1, blk + 4, &sc1, &m1);
+      const uint32_t words[4] = {qv.x, qv.y, qv.z, qv.w};
+      float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t wl = words[k] & 0x0f0f0f0fu, wh = (words[k] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          lo = fmaf(xl[4 * k + i], code_at(wl, i), lo);
+          hi = fmaf(xh[4 * k + i], code_at(wh, i), hi);
+        }
+      }
+      const float d = half_at(blk), dmin = half_at(blk + 2);
+      acc[r] += d * (static_cast<float>(sc0) * lo + static_cast<float>(sc1) * hi) -
+                dmin * (static_cast<float>(m0) * sxl + static_cast<float>(m1) * sxh);
+    }
+  }
+  store_rows(p, acc, row0, lane);
+}
+
+// Q6_K, one token: as q4k_gemv_kernel. Lane l covers, in blocks l/8, l/8 + 4, ..., the 16 low-
+// code bytes ql[16 (l % 8) + 0..16) of half n = (l % 8) / 4 at l0 = 16 (l % 4) (quarters
+// qa = l0 / 32 from the low nibbles and qa + 2 from the high ones) with their high bits
+// qh[32n + l0 % 32 + 0..16).
+__device__ __forceinline__ void q6k_gemv(const LinearParams& p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= p.rows) return;
+  const int q = lane & 7, n = q >> 2, o = 16 * (q & 3), qa = o >> 5, l0 = o & 31;
+  const int64_t n_blocks = p.cols / 256;
+  float acc[kRows] = {};
+  for (int64_t b = lane >> 3; b < n_blocks; b += 4) {
+    const float4* xa4 = reinterpret_cast<const float4*>(p.x + b * 256 + 128 * n + 32 * qa + l0);
+    float xa[16], xb[16];  // quarter qa, quarter qa + 2 (64 values further)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float4 a = __ldg(xa4 + k), e = __ldg(xa4 + 16 + k);
+      xa[4 * k] = a.x, xa[4 * k + 1] = a.y, xa[4 * k + 2] = a.z, xa[4 * k + 3] = a.w;
+      xb[4 * k] = e.x, xb[4 * k + 1] = e.y, xb[4 * k + 2] = e.z, xb[4 * k + 3] = e.w;
+    }
+    float sxa = 0.0f, sxb = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sxa += xa[i], sxb += xb[i];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (row0 + r >= p.rows) break;
+      const uint8_t* blk = p.w + (row0 + r) * p.row_bytes + b * 210;
+      // 210-byte blocks are only 2-byte aligned: words from half-word loads.
+      const uint16_t* ql = reinterpret_cast<const uint16_t*>(blk + 16 * q);
+      const uint16_t* qh = reinterpret_cast<const uint16_t*>(blk + 128 + 32 * n + l0);
+      float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t wl = ql[2 * k] | (static_cast<uint32_t>(ql[2 * k + 1]) << 16);
+        const uint32_t wh = qh[2 * k] | (static_cast<uint32_t>(qh[2 * k + 1]) << 16);
+        const uint32_t ca = (wl & 0x0f0f0f0fu) | (((wh >> (2 * qa)) & 0x03030303u) << 4);
+        const uint32_t cb = ((wl >> 4) & 0x0f0f0f0fu) | (((wh >> (2 * qa + 4)) & 0x03030303u) << 4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          sa = fmaf(xa[4 * k + i], code_at(ca, i), sa);
+          sb = fmaf(xb[4 * k + i], code_at(cb, i), sb);
+        }
+      }
+      const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192 + 8 * n + l0 / 16);
+      acc[r] += half_at(blk + 208) * (static_cast<float>(sc[2 * qa]) * (sa - 32.0f * sxa) +
+                                      static_cast<float>(sc[2 * qa + 4]) * (sb - 32.0f * sxb));
+    }
+  }
+  store_rows(p, acc, row0, lane);
+}
+
+// Q2_K / Q3_K, one token (the routed experts): as q4k_gemv_kernel, 4 lanes per block. Lane l
+// covers the 16 code bytes qs[32n + l0 + 0..16) (n = (l % 4) / 2, l0 = 16 (l % 2)), i.e. the
+// values 128n + 32j + l0 + [0, 16) for the four shifts j (sub-block scales 8n + 2j + l0 / 16);
+// Q3_K adds the high bits hmask[l0 + 0..16) bit 4n + j (set: code + 4). Blocks are 84 / 110
+// bytes (4 / 2-byte aligned): words from half-word loads.
+__device__ __forceinline__ uint32_t word_at(const uint8_t* p) {
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+  return h[0] | (static_cast<uint32_t>(h[1]) << 16);
+}
+
+template <GgmlType kType>
+__device__ __forceinline__ void q23_gemv(const LinearParams& p) {
+  constexpr bool kQ3 = kType == GgmlType::kQ3_K;
+  constexpr int kBytes = kQ3 ? 110 : 84;
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (row0 >= p.rows) return;
+  const int q = lane & 3, n = q >> 1, l0 = 16 * (q & 1);
+  const int64_t n_blocks = p.cols / 256;
+  float acc[kRows] = {};
+  for (int64_t b = lane >> 2; b < n_blocks; b += 8) {
+    float x[4][16], sx[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float4* x4 = reinterpret_cast<const float4*>(p.x + b * 256 + 128 * n + 32 * j + l0);
+      sx[j] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float4 a = __ldg(x4 + k);
+        x[j][4 * k] = a.x, x[j][4 * k + 1] = a.y, x[j][4 * k + 2] = a.z, x[j][4 * k + 3] = a.w;
+        sx[j] += (a.x + a.y) + (a.z + a.w);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (row0 + r >= p.rows) break;
+      const uint8_t* blk = p.w + (row0 + r) * p.row_bytes + b * kBytes;
+      const uint8_t* qs = blk + (kQ3 ? 32 : 16) + 32 * n + l0;
+      uint32_t wq[4], wh[4] = {};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        wq[k] = word_at(qs + 4 * k);
+        if constexpr (kQ3) wh[k] = word_at(blk + l0 + 4 * k);
+      }
+      float part = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float sxq = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          uint32_t c = (wq[k] >> (2 * j)) & 0x03030303u;
+          if constexpr (kQ3) c |= ((wh[k] >> (4 * n + j)) & 0x01010101u) << 2;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) sxq = fmaf(x[j][4 * k + i], code_at(c, i), sxq);
+        }
+        const int s = 8 * n + 2 * j + l0 / 16;
+        if constexpr (kQ3) {
+          const uint8_t* sc = blk + 96;
+          const int lo4 = s < 8 ? (sc[s] & 0xf) : (sc[s - 8] >> 4);
+          const int hi2 = (sc[8 + (s % 4)] >> (2 * (s / 4))) & 3;
+          part += static_cast<float>((lo4 | (hi2 << 4)) - 32) * (sxq - 4.0f * sx[j]);
+        } else {
+          const uint8_t sc = blk[s];
+          part += half_at(blk + 80) * static_cast<float>(sc & 0xf) * sxq - half_at(blk + 82) * static_cast<float>(sc >> 4) * sx[j];
+        }
+      }
+      acc[r] += kQ3 ? half_at(blk + 108) * part : part;
+    }
+  }
+  store_rows(p, acc, row0, lane);
+}
+
+template <GgmlType kType>
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant__ Batch b) {
+  const LinearParams& p = b.p[blockIdx.y];
+  if constexpr (kType == GgmlType::kQ4_K) q4k_gemv(p);
+  else if constexpr (kType == GgmlType::kQ6_K) q6k_gemv(p);
+  else q23_gemv<kType>(p);
+}
+
+}  // namespace
+
+// Q4_K reads 16-byte code words (144-byte blocks keep a 16-byte aligned W aligned); the others
+// half-words. Every kernel reads x as float4.
+bool decode_gemv_applies(GgmlType type, const LinearParams* p, int n) {
+  if (n < 1 || n > kMaxGemvBatch) return false;
+  if (type != GgmlType::kQ2_K && type != GgmlType::kQ3_K && type != GgmlType::kQ4_K && type != GgmlType::kQ6_K) {
+    return false;
+  }
+  const uintptr_t w_align = type == GgmlType::kQ4_K ? 16 : 2;
+  for (int i = 0; i < n; ++i) {
+    const LinearParams& q = p[i];
+    if (q.n_tok != 1 || q.rows != p[0].rows || q.cols != p[0].cols || q.row_bytes != p[0].row_bytes) return false;
+    if (reinterpret_cast<uintptr_t>(q.w) % w_align != 0 || q.row_bytes % static_cast<int64_t>(w_align) != 0) return false;
+    if (reinterpret_cast<uintptr_t>(q.x) % 16 != 0) return false;
+  }
+  return true;
+}
+
+Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams* p, int n) {
+  Batch b{};
+  for (int i = 0; i < n; ++i) b.p[i] = p[i];
+  const cuda::LaunchParams lp{dim3(static_cast<unsigned>((p[0].rows + kWarps * kRows - 1) / (kWarps * kRows)),
+                                   static_cast<unsigned>(n)),
+                              dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)};
+  switch (type) {
+    case GgmlType::kQ2_K: return cuda::launch(gemv_kernel<GgmlType::kQ2_K>, lp, b);
+    case GgmlType::kQ3_K: return cuda::launch(gemv_kernel<GgmlType::kQ3_K>, lp, b);
+    case GgmlType::kQ4_K: return cuda::launch(gemv_kernel<GgmlType::kQ4_K>, lp, b);
+    case GgmlType::kQ6_K: return cuda::launch(gemv_kernel<GgmlType::kQ6_K>, lp, b);
+    default: return absl::InternalError("launch_decode_gemv: unsupported type");
+  }
+}
+
+Status linear_batch_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round) {
+  if (n <= 0) return absl::OkStatus();
+  if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_batch_cuda needs a CUDA context");
+  LinearParams p[kMaxGemvBatch];
+  const int m = n <= kMaxGemvBatch ? n : 0;
+  for (int i = 0; i < m; ++i) {
+    const Weight& w = jobs[i].w;
+    const quant::TypeTraits& t = quant::traits(w.type);
+    p[i] = LinearParams{w.data, jobs[i].x, jobs[i].y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
+                        static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
+  }
+  bool same_type = true;
+  for (int i = 1; i < m; ++i) same_type = same_type && jobs[i].w.type == jobs[0].w.type;
+  if (m > 0 && same_type && decode_gemv_applies(jobs[0].w.type, p, m)) return launch_decode_gemv(ctx, jobs[0].w.type, p, m);
+  for (int i = 0; i < n; ++i) RETURN_IF_ERROR(linear_cuda(ctx, jobs[i].w, jobs[i].x, 1, jobs[i].y, round));
+  return absl::OkStatus();
+}
+
+}  // namespace dsflash::kernels

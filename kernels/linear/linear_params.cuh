@@ -1,0 +1,31 @@
+// Shared by the linear kernels (linear.cu, gemv.cu): the parameters of one product and the
+// decode GEMV entry points.
+#pragma once
+
+#include <cstdint>
+
+#include "common/quant/quant.h"
+#include "common/status.h"
+#include "kernels/exec.h"
+
+namespace dsflash::kernels {
+
+constexpr int kWarps = 8;  // warps per CUDA block (one row each in linear.cu)
+constexpr int kTok = 4;    // tokens per pass
+
+struct LinearParams {
+  const uint8_t* w;  // [rows][row_bytes]
+  const float* x;    // [n_tok][cols]
+  float* y;          // [n_tok][rows]
+  int64_t rows, cols, row_bytes, n_tok;
+  int block_elems, block_bytes;
+  bool round_bf16;
+};
+
+// The decode GEMVs (one token, Q2_K / Q3_K / Q4_K / Q6_K, gemv.cu): whether they take these
+// n products (same type and shape, aligned), and their launch (one launch for all n, n <= 16).
+constexpr int kMaxGemvBatch = 16;  // == kMaxLinearBatch (linear_cuda.h)
+bool decode_gemv_applies(quant::GgmlType type, const LinearParams* p, int n);
+Status launch_decode_gemv(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n);
+
+}  // namespace dsflash::kernels
