@@ -142,9 +142,15 @@ Status DeviceModel::grouped_output(int l, Call& call, const float* o, float* y) 
   const ExecCtx& ctx = call.ctx;
   const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim, G = cfg_.o_groups, R = cfg_.o_lora_rank;
   const int64_t gd = H * Dh / G;
+  ASSIGN_OR_RETURN(auto u, DevBuf<float>::make(ctx, S * G * R));
+  if (S == 1 && G <= kernels::kMaxLinearBatch) {  // one token: the groups are contiguous, one launch
+    std::vector<kernels::LinearJob> jobs;
+    for (int64_t g = 0; g < G; ++g) jobs.push_back({w.wo_a.slice_rows(g * R, R), o + g * gd, u.get() + g * R});
+    RETURN_IF_ERROR(kernels::linear_batch_cuda(ctx, jobs.data(), static_cast<int>(G)));
+    return dev_linear(ctx, w.wo_b, u.get(), S, y);
+  }
   ASSIGN_OR_RETURN(auto og, DevBuf<float>::make(ctx, S * gd));
   ASSIGN_OR_RETURN(auto ug, DevBuf<float>::make(ctx, S * R));
-  ASSIGN_OR_RETURN(auto u, DevBuf<float>::make(ctx, S * G * R));
   const size_t f = sizeof(float);
   for (int64_t g = 0; g < G; ++g) {
     RETURN_IF_ERROR(kernels::copy_2d(ctx, og.get(), gd * f, o + g * gd, H * Dh * f, gd * f, S));

@@ -195,7 +195,7 @@ Status DeviceModel::forward(Sequence& seq, const std::vector<int32_t>& tokens, b
   DeviceSequence& ds = *seq.device;
   const ExecCtx& ctx = ds.ctx;
   const int64_t S = static_cast<int64_t>(tokens.size()), C = cfg_.hc_mult, D = cfg_.n_embd;
-  Call call{ctx, ds, seq};
+  Call call(ctx, ds, seq);
   call.pos0 = seq.n_past;
   call.S = S;
   call.n_win = call.pos0 == 0 ? S : (S == 1 ? cfg_.window : cfg_.window + S);
@@ -302,6 +302,7 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   ASSIGN_OR_RETURN(auto weights, DevBuf<float>::make(ctx, S * K));
   RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
                                            experts.get(), weights.get()));
+  if (S == 1 && routed_on_device(w, x)) return decode_experts(l, call, x, experts.get(), weights.get(), y);
   std::vector<int32_t> e_h(static_cast<size_t>(S * K));
   std::vector<float> w_h(static_cast<size_t>(S * K));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, e_h.data(), experts.get(), S * K * sizeof(int32_t)));
@@ -331,10 +332,6 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   ASSIGN_OR_RETURN(auto a, DevBuf<float>::make(ctx, std::max(R, S) * F));
   ASSIGN_OR_RETURN(auto b, DevBuf<float>::make(ctx, std::max(R, S) * F));
   ASSIGN_OR_RETURN(auto ye, DevBuf<float>::make(ctx, R * D));
-  if (S == 1 && R <= kernels::kMaxLinearBatch) {
-    RETURN_IF_ERROR(decode_experts(w, L, ctx, by_expert, x, w_d.get(), a.get(), b.get(), ye.get()));
-    return shared_and_combine(w, L, call, x, ye.get(), rows_d.get(), y);
-  }
   RETURN_IF_ERROR(kernels::moe::gather_tokens_cuda(ctx, x, D, tok_d.get(), R, xe.get()));
   int64_t r0 = 0;
   for (const auto& [e, slots] : by_expert) {
@@ -346,35 +343,52 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
     RETURN_IF_ERROR(dev_linear(ctx, w.exp_down.slice_rows(e * Dd, Dd), a.get() + r0 * F, n, ye.get() + r0 * D));
     r0 += n;
   }
-  return shared_and_combine(w, L, call, x, ye.get(), rows_d.get(), y);
+  ASSIGN_OR_RETURN(const DevBuf<float> shared, shared_expert(w, L, call, x));
+  return kernels::moe::combine_cuda(ctx, ye.get(), rows_d.get(), shared.get(), S, K, D, y);
 }
 
-// A decode step's routed experts (one token): gate, up and down of every expert each in one
-// launch, the SwiGLU of all in one.
-Status DeviceModel::decode_experts(const Layer& w, const config::LayerConfig& L, const ExecCtx& ctx,
-                                   const std::map<int32_t, std::vector<int64_t>>& by_expert, const float* x,
-                                   const float* weights, float* a, float* b, float* ye) const {
-  const int64_t E = cfg_.n_expert, D = cfg_.n_embd, F = w.exp_gate.rows / E, Dd = w.exp_down.rows / E;
-  std::vector<kernels::LinearJob> gate, up, down;
-  int64_t r = 0;
-  for (const auto& [e, slots] : by_expert) {
-    gate.push_back({w.exp_gate.slice_rows(e * F, F), x, a + r * F});
-    up.push_back({w.exp_up.slice_rows(e * F, F), x, b + r * F});
-    down.push_back({w.exp_down.slice_rows(e * Dd, Dd), a + r * F, ye + r * D});
-    ++r;
-  }
-  const int n = static_cast<int>(r);
-  RETURN_IF_ERROR(kernels::linear_batch_cuda(ctx, gate.data(), n));
-  RETURN_IF_ERROR(kernels::linear_batch_cuda(ctx, up.data(), n));
-  RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a, b, r, F, L.swiglu_limit_exp, weights));
-  return kernels::linear_batch_cuda(ctx, down.data(), n);
+// Whether a decode step's routed experts can run from the device-side routing (decode GEMV
+// types, aligned activations).
+bool DeviceModel::routed_on_device(const Layer& w, const float* x) const {
+  const int64_t E = cfg_.n_expert, F = w.exp_gate.rows / E, Dd = w.exp_down.rows / E;
+  return reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         kernels::linear_experts_supported(w.exp_gate.slice_rows(0, F), F * static_cast<int64_t>(w.exp_gate.row_bytes)) &&
+         kernels::linear_experts_supported(w.exp_up.slice_rows(0, F), F * static_cast<int64_t>(w.exp_up.row_bytes)) &&
+         kernels::linear_experts_supported(w.exp_down.slice_rows(0, Dd), Dd * static_cast<int64_t>(w.exp_down.row_bytes)) &&
+         (F * 4) % 16 == 0;
 }
 
-// The shared expert on every token, then each token's routed outputs (rows) and its shared one.
-Status DeviceModel::shared_and_combine(const Layer& w, const config::LayerConfig& L, Call& call, const float* x,
-                                       const float* ye, const int32_t* rows, float* y) const {
+// A decode step's routed experts straight from the device-side routing (no host round trip):
+// gate, up and down of the K experts each in one launch, rows in route order, summed per token
+// in ascending expert order with the shared expert's output.
+Status DeviceModel::decode_experts(int l, Call& call, const float* x, const int32_t* experts, const float* weights,
+                                   float* y) const {
+  const Layer& w = layers_[l];
+  const config::LayerConfig& L = cfg_.layers[l];
   const ExecCtx& ctx = call.ctx;
-  const int64_t D = cfg_.n_embd, K = cfg_.n_expert_used, S = call.S, Fs = w.sh_gate.rows;
+  const int64_t D = cfg_.n_embd, E = cfg_.n_expert, K = cfg_.n_expert_used, F = w.exp_gate.rows / E;
+  const int64_t Dd = w.exp_down.rows / E;
+  const int n = static_cast<int>(K);
+  ASSIGN_OR_RETURN(auto a, DevBuf<float>::make(ctx, K * F));
+  ASSIGN_OR_RETURN(auto b, DevBuf<float>::make(ctx, K * F));
+  ASSIGN_OR_RETURN(auto ye, DevBuf<float>::make(ctx, K * D));
+  const auto bytes = [](const kernels::Weight& m, int64_t rows) { return rows * static_cast<int64_t>(m.row_bytes); };
+  RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, w.exp_gate.slice_rows(0, F), bytes(w.exp_gate, F), experts, n, x, 0,
+                                               a.get(), F));
+  RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, w.exp_up.slice_rows(0, F), bytes(w.exp_up, F), experts, n, x, 0,
+                                               b.get(), F));
+  RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
+  RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, w.exp_down.slice_rows(0, Dd), bytes(w.exp_down, Dd), experts, n,
+                                               a.get(), F, ye.get(), D));
+  ASSIGN_OR_RETURN(const DevBuf<float> shared, shared_expert(w, L, call, x));
+  return kernels::moe::combine_routed_cuda(ctx, ye.get(), experts, shared.get(), 1, K, D, y);
+}
+
+// The shared expert on every token.
+StatusOr<DevBuf<float>> DeviceModel::shared_expert(const Layer& w, const config::LayerConfig& L, Call& call,
+                                                   const float* x) const {
+  const ExecCtx& ctx = call.ctx;
+  const int64_t D = cfg_.n_embd, S = call.S, Fs = w.sh_gate.rows;
   ASSIGN_OR_RETURN(auto shared, DevBuf<float>::make(ctx, S * D));
   ASSIGN_OR_RETURN(auto sa, DevBuf<float>::make(ctx, S * Fs));
   ASSIGN_OR_RETURN(auto sb, DevBuf<float>::make(ctx, S * Fs));
@@ -387,7 +401,7 @@ Status DeviceModel::shared_and_combine(const Layer& w, const config::LayerConfig
   }
   RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, sa.get(), sb.get(), S, Fs, L.swiglu_limit_shexp, nullptr));
   RETURN_IF_ERROR(dev_linear(ctx, w.sh_down, sa.get(), S, shared.get()));
-  return kernels::moe::combine_cuda(ctx, ye, rows, shared.get(), S, K, D, y);
+  return shared;
 }
 
 // Engram (ffn.cc Model::engram): row ids hashed on the host from the compressed token ids

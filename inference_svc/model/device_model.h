@@ -122,11 +122,9 @@ class DeviceModel {
   Status indexer(int l, Call& call, const float* x, const float* qr, const float* latent, int64_t n_new) const;
   Status grouped_output(int l, Call& call, const float* o, float* y) const;
   Status moe(int l, Call& call, const float* x, float* y) const;
-  Status decode_experts(const Layer& w, const config::LayerConfig& L, const kernels::ExecCtx& ctx,
-                        const std::map<int32_t, std::vector<int64_t>>& by_expert, const float* x, const float* weights,
-                        float* a, float* b, float* ye) const;
-  Status shared_and_combine(const Layer& w, const config::LayerConfig& L, Call& call, const float* x, const float* ye,
-                            const int32_t* rows, float* y) const;
+  bool routed_on_device(const Layer& w, const float* x) const;
+  Status decode_experts(int l, Call& call, const float* x, const int32_t* experts, const float* weights, float* y) const;
+  StatusOr<DevBuf<float>> shared_expert(const Layer& w, const config::LayerConfig& L, Call& call, const float* x) const;
   Status engram(int l, Call& call, float* h) const;
   Status head(Call& call, const float* h, const float* pre_mix, bool all_logits, std::vector<float>* logits) const;
 
@@ -160,6 +158,7 @@ class DeviceModel::Phase {
 
 // Per-forward state shared down the layer stack (call.h's Model::Call on the device).
 struct DeviceModel::Call {
+  Call(const kernels::ExecCtx& c, DeviceSequence& s, const Sequence& h) : ctx(c), seq(s), host(h) {}
   const kernels::ExecCtx& ctx;
   DeviceSequence& seq;
   const Sequence& host;   // the compressed token ids for Engram

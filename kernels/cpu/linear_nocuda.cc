@@ -11,4 +11,10 @@ Status linear_batch_cuda(const ExecCtx&, const LinearJob*, int, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 
+Status linear_experts_cuda(const ExecCtx&, const Weight&, int64_t, const int32_t*, int, const float*, int64_t, float*,
+                           int64_t, OutRound) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+bool linear_experts_supported(const Weight&, int64_t) { return false; }
+
 }  // namespace dsflash::kernels

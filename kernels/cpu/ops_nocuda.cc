@@ -64,6 +64,10 @@ Status gather_tokens_cuda(const ExecCtx&, const float*, int64_t, const int32_t*,
 Status combine_cuda(const ExecCtx&, const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
+Status combine_routed_cuda(const ExecCtx&, const float*, const int32_t*, const float*, int64_t, int64_t, int64_t,
+                           float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
 }  // namespace moe
 
 namespace hc {

@@ -213,6 +213,24 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant
   else q23_gemv<kType>(p);
 }
 
+// Experts chosen on the device: product k uses expert ids[k]'s rows.
+struct ExpertBatch {
+  LinearParams p;  // expert 0's rows, product 0's x and y
+  const int32_t* ids;
+  int64_t expert_bytes, x_stride, y_stride;
+};
+
+template <GgmlType kType>
+__global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(const __grid_constant__ ExpertBatch b) {
+  LinearParams p = b.p;
+  p.w += static_cast<int64_t>(b.ids[blockIdx.y]) * b.expert_bytes;
+  p.x += blockIdx.y * b.x_stride;
+  p.y += blockIdx.y * b.y_stride;
+  if constexpr (kType == GgmlType::kQ4_K) q4k_gemv(p);
+  else if constexpr (kType == GgmlType::kQ6_K) q6k_gemv(p);
+  else q23_gemv<kType>(p);
+}
+
 }  // namespace
 
 // Q4_K reads 16-byte code words (144-byte blocks keep a 16-byte aligned W aligned); the others
@@ -263,6 +281,36 @@ Status linear_batch_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRo
   if (m > 0 && same_type && decode_gemv_applies(jobs[0].w.type, p, m)) return launch_decode_gemv(ctx, jobs[0].w.type, p, m);
   for (int i = 0; i < n; ++i) RETURN_IF_ERROR(linear_cuda(ctx, jobs[i].w, jobs[i].x, 1, jobs[i].y, round));
   return absl::OkStatus();
+}
+
+Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
+                           const float* x, int64_t x_stride, float* y, int64_t y_stride, OutRound round) {
+  if (n <= 0) return absl::OkStatus();
+  const quant::TypeTraits& t = quant::traits(w.type);
+  ExpertBatch b{LinearParams{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
+                             static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16},
+                ids, expert_bytes, x_stride, y_stride};
+  const uintptr_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;
+  if (!decode_gemv_applies(w.type, &b.p, 1) || expert_bytes % static_cast<int64_t>(w_align) != 0 || x_stride % 4 != 0) {
+    return absl::UnimplementedError(absl::StrCat("linear_experts_cuda: no decode GEMV for ", t.name, " at this alignment"));
+  }
+  const cuda::LaunchParams lp{dim3(static_cast<unsigned>((w.rows + kWarps * kRows - 1) / (kWarps * kRows)),
+                                   static_cast<unsigned>(n)),
+                              dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)};
+  switch (w.type) {
+    case GgmlType::kQ2_K: return cuda::launch(expert_gemv_kernel<GgmlType::kQ2_K>, lp, b);
+    case GgmlType::kQ3_K: return cuda::launch(expert_gemv_kernel<GgmlType::kQ3_K>, lp, b);
+    case GgmlType::kQ4_K: return cuda::launch(expert_gemv_kernel<GgmlType::kQ4_K>, lp, b);
+    default: return cuda::launch(expert_gemv_kernel<GgmlType::kQ6_K>, lp, b);
+  }
+}
+
+bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {
+  const quant::TypeTraits& t = quant::traits(w.type);
+  const LinearParams p{w.data, nullptr, nullptr, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
+                       static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), false};
+  const int64_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;
+  return decode_gemv_applies(w.type, &p, 1) && expert_bytes % w_align == 0;
 }
 
 }  // namespace dsflash::kernels

@@ -25,4 +25,14 @@ struct LinearJob {
 constexpr int kMaxLinearBatch = 16;
 Status linear_batch_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round = OutRound::kBf16);
 
+// y + k y_stride = W_{ids[k]} (x + k x_stride) for k < n, one token, the expert ids in device
+// memory (no host round trip): expert e's rows start at w.data + e * expert_bytes (w: one
+// expert's shape). Unimplemented where linear_experts_supported is false.
+Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
+                           const float* x, int64_t x_stride, float* y, int64_t y_stride,
+                           OutRound round = OutRound::kBf16);
+// Types with a decode GEMV (Q2_K, Q3_K, Q4_K, Q6_K) at an alignment it takes (x must be 16-byte
+// aligned too).
+bool linear_experts_supported(const Weight& w, int64_t expert_bytes);
+
 }  // namespace dsflash::kernels

@@ -92,6 +92,26 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
   out[i] = cuda::round_bf16(__fadd_rn(acc, shared[i]));
 }
 
+__global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t* __restrict__ experts,
+                                      const float* __restrict__ shared, int64_t S, int64_t K, int64_t D,
+                                      float* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= S * D) return;
+  const int64_t t = i / D, d = i % D;
+  const int32_t* e = experts + t * K;
+  float acc = 0.0f;
+  int32_t prev = -1;
+  for (int64_t n = 0; n < K; ++n) {  // the next larger expert id each time (ids of a token are distinct)
+    int64_t best = -1;
+    for (int64_t k = 0; k < K; ++k) {
+      if (e[k] > prev && (best < 0 || e[k] < e[best])) best = k;
+    }
+    acc = __fadd_rn(acc, y[(t * K + best) * D + d]);
+    prev = e[best];
+  }
+  out[i] = cuda::round_bf16(__fadd_rn(acc, shared[i]));
+}
+
 cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
   return cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0,
                             static_cast<cudaStream_t>(ctx.cuda_stream)};
@@ -108,6 +128,12 @@ Status combine_cuda(const ExecCtx& ctx, const float* y, const int32_t* rows, con
                     int64_t D, float* out) {
   if (S <= 0 || D <= 0) return absl::OkStatus();
   return cuda::launch(combine_kernel, flat(ctx, S * D), y, rows, shared, S, K, D, out);
+}
+
+Status combine_routed_cuda(const ExecCtx& ctx, const float* y, const int32_t* experts, const float* shared, int64_t S,
+                           int64_t K, int64_t D, float* out) {
+  if (S <= 0 || D <= 0) return absl::OkStatus();
+  return cuda::launch(combine_routed_kernel, flat(ctx, S * D), y, experts, shared, S, K, D, out);
 }
 
 Status route_cuda(const ExecCtx& ctx, const float* logits, const float* bias, int64_t S, int64_t E, int64_t k,

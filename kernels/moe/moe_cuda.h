@@ -27,4 +27,9 @@ Status gather_tokens_cuda(const ExecCtx& ctx, const float* x, int64_t D, const i
 Status combine_cuda(const ExecCtx& ctx, const float* y, const int32_t* rows, const float* shared, int64_t S, int64_t K,
                     int64_t D, float* out);
 
+// As combine_cuda with y in route order (row t K + k holds expert experts[t][k]'s output):
+// each token's rows are summed in ascending expert index (the CPU's order) without a host pass.
+Status combine_routed_cuda(const ExecCtx& ctx, const float* y, const int32_t* experts, const float* shared, int64_t S,
+                           int64_t K, int64_t D, float* out);
+
 }  // namespace dsflash::kernels::moe

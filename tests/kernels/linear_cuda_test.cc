@@ -114,6 +114,46 @@ TEST_P(LinearCuda, BatchMatchesCpu) {
   cudaFree(dy);
 }
 
+// Experts picked on the device: product k = expert ids[k] (a slice of one merged tensor) on x_k.
+TEST_P(LinearCuda, ExpertsPickedOnTheDeviceMatchCpu) {
+  const GgmlType type = GetParam();
+  const int64_t K = 512, N = 64, E = 5;
+  const uint64_t rb = *quant::row_bytes(type, K);
+  std::vector<uint8_t> bytes(rb * N * E);
+  if (!linear_experts_supported(Weight{type, K, N, reinterpret_cast<const uint8_t*>(uintptr_t{256}), rb},
+                                static_cast<int64_t>(rb * N))) {
+    GTEST_SKIP() << "no decode GEMV for " << quant::traits(type).name;
+  }
+  std::mt19937 rng(9 + static_cast<int>(type));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> wf(static_cast<size_t>(K * N * E)), x(static_cast<size_t>(K * 3));
+  for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+  for (float& v : x) v = quant::round_bf16(nd(rng));
+  ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N * E).ok());
+  const std::vector<int32_t> ids = {4, 0, 2};
+  uint8_t* dw = to_device(bytes);
+  float* dx = to_device(x);
+  int32_t* di = to_device(ids);
+  float* dy = to_device(std::vector<float>(N * 3, std::nanf("")));
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ASSERT_TRUE(linear_experts_cuda(ExecCtx{Backend::kCuda, s}, Weight{type, K, N, dw, rb}, static_cast<int64_t>(rb * N), di,
+                                  3, dx, K, dy, N, OutRound::kF32).ok());
+  std::vector<float> got(N * 3);
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  for (int k = 0; k < 3; ++k) {
+    std::vector<float> ref(N);
+    linear(Weight{type, K, N, bytes.data() + ids[k] * rb * N, rb}, x.data() + k * K, 1, ref.data(), OutRound::kF32);
+    for (int64_t i = 0; i < N; ++i) {
+      EXPECT_NEAR(got[k * N + i], ref[i], 1e-5 * std::sqrt(static_cast<double>(K)) * (1 + std::fabs(ref[i])))
+          << quant::traits(type).name << " product " << k << " row " << i;
+    }
+  }
+  cudaStreamDestroy(s);
+  for (void* p : std::initializer_list<void*>{dw, dx, di, dy}) cudaFree(p);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,
                          ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
                                            GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ6_K,

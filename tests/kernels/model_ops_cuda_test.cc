@@ -257,6 +257,28 @@ TEST_F(ModelOpsCuda, RoutingAndSwigluMatchCpu) {
     sw.add(a, to_host(da, a.size()), "swiglu");
   }
   std::printf("route: %zu tokens, identical experts, weights within 4e-7 relative\n", routes);
+  // The routed outputs summed per token in ascending expert order, from rows in route order.
+  {
+    const int64_t S = 3, K = 6, D = 257;
+    std::vector<int32_t> experts = {5, 1, 9, 0, 3, 7, 2, 8, 4, 6, 11, 10, 15, 14, 13, 12, 1, 0};
+    const std::vector<float> y = bf16_normal(rng, S * K * D, 0.2f), shared = bf16_normal(rng, S * D);
+    float* d = dev(nan_vec(S * D));
+    ASSERT_TRUE(moe::combine_routed_cuda(ctx(), dev(y), dev(experts), dev(shared), S, K, D, d).ok());
+    sync();
+    std::vector<float> want(S * D);
+    for (int64_t t = 0; t < S; ++t) {
+      std::vector<int64_t> order(K);
+      for (int64_t k = 0; k < K; ++k) order[k] = k;
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return experts[t * K + a] < experts[t * K + b]; });
+      for (int64_t dd = 0; dd < D; ++dd) {
+        float acc = 0.0f;
+        for (int64_t k : order) acc += y[(t * K + k) * D + dd];
+        want[t * D + dd] = quant::round_bf16(acc + shared[t * D + dd]);
+      }
+    }
+    const std::vector<float> got = to_host(d, want.size());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(quant::f32_bits(got[i]), quant::f32_bits(want[i])) << i;
+  }
   sw.check("swiglu");
 }
 
