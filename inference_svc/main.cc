@@ -38,7 +38,9 @@ constexpr const char* kUsage =
     "  --prefill-chunk N       prompt tokens per model call (default 256)\n"
     "  --load-rate-mbps R      cap the start-up read rate, e.g. to spare a shared NVMe (0 = none)\n"
     "  --expert-store ADDR     routed experts from dsflash-expertstore, e.g.\n"
-    "                          unix:/tmp/dsflash-expertstore.sock (default: read in-process)\n";
+    "                          unix:/tmp/dsflash-expertstore.sock (default: read in-process)\n"
+    "  --backend cpu|cuda      where the forward pass runs (default cpu); cuda copies every weight,\n"
+    "                          routed experts included, to device memory (no --expert-store yet)\n";
 
 struct Flags {
   std::string model;
@@ -50,6 +52,7 @@ struct Flags {
   uint32_t prefill_chunk = 256;
   double load_rate_mbps = 0;  // 0: unlimited
   std::string expert_store;   // address of dsflash-expertstore; empty: experts read in-process
+  dsflash::kernels::Backend backend = dsflash::kernels::Backend::kCpu;
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -69,8 +72,17 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     if (a == "--grace-seconds" && value(&v) && absl::SimpleAtoi(v, &f->grace_seconds)) continue;
     if (a == "--prefill-chunk" && value(&v) && absl::SimpleAtoi(v, &f->prefill_chunk) && f->prefill_chunk > 0) continue;
     if (a == "--expert-store" && value(&f->expert_store)) continue;
+    if (a == "--backend" && value(&v) && (v == "cpu" || v == "cuda")) {
+      f->backend = v == "cuda" ? dsflash::kernels::Backend::kCuda : dsflash::kernels::Backend::kCpu;
+      continue;
+    }
     if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
     std::fprintf(stderr, "dsflash-inference: bad argument '%s'\n", a.c_str());
+    return false;
+  }
+  if (f->backend == dsflash::kernels::Backend::kCuda && !f->expert_store.empty()) {
+    std::fprintf(stderr, "dsflash-inference: --backend cuda keeps every expert in device memory; it does not take "
+                         "--expert-store yet\n");
     return false;
   }
   return !f->model.empty();
@@ -101,7 +113,8 @@ struct Loaded {
 // and the tokenizer. A signal while loading cancels.
 dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file, dsflash::engine::Metrics& metrics,
                                                  double rate_mbps,
-                                                 std::unique_ptr<dsflash::model::ExpertSource> experts) {
+                                                 std::unique_ptr<dsflash::model::ExpertSource> experts,
+                                                  dsflash::kernels::Backend backend) {
   using namespace dsflash;
   const auto t0 = std::chrono::steady_clock::now();
   auto last = t0;
@@ -122,11 +135,12 @@ dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file
     return g_signal == 0;
   }));
   auto out = std::make_unique<Loaded>();
-  ASSIGN_OR_RETURN(out->model, model::Model::load(file, std::move(experts)));
+  ASSIGN_OR_RETURN(out->model, model::Model::load(file, std::move(experts), model::LoadOptions{backend}));
   ASSIGN_OR_RETURN(out->tok, tok::Tokenizer::from_gguf(file));
   const auto& c = out->model->config();
-  log::info("model '%s' loaded in %.2f s: %u layers, vocab %u, context %u", c.name,
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), c.n_layer, c.n_vocab, c.n_ctx);
+  log::info("model '%s' loaded in %.2f s: %u layers, vocab %u, context %u, %s backend", c.name,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), c.n_layer, c.n_vocab, c.n_ctx,
+            backend == kernels::Backend::kCuda ? "CUDA" : "CPU");
   return out;
 }
 
@@ -233,7 +247,7 @@ int main(int argc, char** argv) {
     client = c->get();
     experts = std::move(*c);
   }
-  auto loaded = load(**file, metrics, flags.load_rate_mbps, std::move(experts));
+  auto loaded = load(**file, metrics, flags.load_rate_mbps, std::move(experts), flags.backend);
   if (!loaded.ok()) {
     log::error("%s", std::string(loaded.status().message()));
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -249,6 +249,7 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
     return absl::OkStatus();
   };
   auto seq = model_.new_sequence();
+  if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a new sequence");
   std::vector<float> logits;
   const size_t chunk = std::max<uint32_t>(1, opt_.prefill_chunk);
   for (size_t at = 0; at < p.prompt.size(); at += chunk) {

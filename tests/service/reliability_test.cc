@@ -13,6 +13,7 @@
 #include <set>
 
 #include "gtest/gtest.h"
+#include "kernels/exec.h"
 #include "tests/service/server_process.h"
 
 namespace dsflash::testing {
@@ -261,6 +262,33 @@ TEST(Faults, BadModelFilesAreClearStartupErrors) {
   }
   std::printf("REPORT fault: %d bad-model start-ups (missing, truncated, corrupt header, other architecture; each "
               "with both binaries): each exited 1 with an error naming the file or the architecture\n", n);
+}
+
+// --backend cuda where no CUDA device is usable (this CI machine; skipped where one is): a clear
+// start-up error, never a crash; bad backend values and --backend cuda with --expert-store are
+// usage errors.
+TEST(Faults, CudaBackendWithoutADeviceIsAClearStartupError) {
+  if (kernels::cuda_available()) GTEST_SKIP() << "a CUDA device is present";
+  TempDir dir;
+  const std::string model = dir.file("tiny.gguf");
+  ASSERT_TRUE(tools::write_synthetic_model(tools::SynthOptions{}, model, 1).ok());
+  auto start = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {DSF_INFERENCE_BIN, "--model", model, "--listen", "unix:" + dir.file("x.sock"),
+                                     "--metrics", "127.0.0.1:" + std::to_string(free_tcp_port())};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ::truncate(dir.file("err.log").c_str(), 0);
+    return std::make_unique<ChildProcess>(args, dir.file("err.log"));
+  };
+  auto p = start({"--backend", "cuda"});
+  EXPECT_EQ(p->wait_exit(30s), 1);
+  EXPECT_NE(p->log().find("CUDA"), std::string::npos) << p->log();
+  auto bad = start({"--backend", "tpu"});
+  EXPECT_EQ(bad->wait_exit(10s), 2);
+  auto both = start({"--backend", "cuda", "--expert-store", "unix:/nonexistent.sock"});
+  EXPECT_EQ(both->wait_exit(10s), 2);
+  EXPECT_NE(both->log().find("--expert-store"), std::string::npos) << both->log();
+  std::printf("REPORT fault: --backend cuda without a usable device: exit 1 naming CUDA; bad --backend values and "
+              "--backend cuda with --expert-store: exit 2\n");
 }
 
 TEST(Faults, SigtermWhileLoadingExitsCleanly) {
