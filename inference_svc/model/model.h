@@ -106,7 +106,8 @@ class Model {
   // or one decode token. The reference supports only the first and the last; a chunk does
   // the same math (each query lists its window in increasing position order, as a prefill
   // does). logits gets [rows][n_vocab] fp32: every position when all_logits, else the last.
-  // Hooks are a CPU-backend facility.
+  // Hooks are a CPU-backend facility. After a failed call the sequence's caches may be partly
+  // written: discard it.
   Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits,
                  const Hook& hook = nullptr) const;
 

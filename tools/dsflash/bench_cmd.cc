@@ -66,6 +66,7 @@ StatusOr<Result> measure(const model::Model& m, int64_t n_prompt, int64_t n_deco
   for (int64_t i = 0; i < n_prompt; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7919) % (m.config().n_vocab - 3));
   for (int r = 0; r < runs + 1; ++r) {  // the first run warms caches and is not counted
     auto seq = m.new_sequence();
+    if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
     std::vector<float> logits;
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(m.forward(*seq, prompt, false, &logits));
