@@ -21,7 +21,11 @@ out/gpu/bin/linear_cuda_bench "$logs/bench.csv" "$(cat out/gpu/commit)" | tee "$
 # The model on the CUDA backend (DSF_MODEL_BENCH=1): the perf preset (released dims, 40 layers,
 # every expert resident) written to this machine's disk; prefill 512 + decode 64, prefill 4096.
 if [[ ${DSF_MODEL_BENCH:-0} == 1 ]]; then
-  perf=${DSF_BENCH_DIR:-/tmp}/perf.gguf
+  # tmpfs when there is one (the machine starts cold each session; a RAM-backed file saves the
+  # disk write), else /tmp.
+  perf_dir=/tmp
+  [[ -d /dev/shm && -w /dev/shm ]] && perf_dir=/dev/shm
+  perf=${DSF_BENCH_DIR:-$perf_dir}/perf.gguf
   if [[ ! -f $perf ]]; then
     t0=$SECONDS
     out/gpu/bin/dsflash mkmodel --preset perf --out "$perf" --no-progress >> "$logs/bench.log" 2>&1 || rc=1
