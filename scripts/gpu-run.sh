@@ -21,10 +21,11 @@ out/gpu/bin/linear_cuda_bench "$logs/bench.csv" "$(cat out/gpu/commit)" | tee "$
 # The model on the CUDA backend (DSF_MODEL_BENCH=1): the perf preset (released dims, 40 layers,
 # every expert resident) written to this machine's disk; prefill 512 + decode 64, prefill 4096.
 if [[ ${DSF_MODEL_BENCH:-0} == 1 ]]; then
-  # tmpfs when there is one (the machine starts cold each session; a RAM-backed file saves the
+  # tmpfs when it has room (the machine starts cold each session; a RAM-backed file saves the
   # disk write), else /tmp.
   perf_dir=/tmp
-  [[ -d /dev/shm && -w /dev/shm ]] && perf_dir=/dev/shm
+  shm_free_gb=$(df --output=avail -BG /dev/shm 2>/dev/null | tail -1 | tr -dc '0-9')
+  [[ -w /dev/shm && ${shm_free_gb:-0} -ge 24 ]] && perf_dir=/dev/shm
   perf=${DSF_BENCH_DIR:-$perf_dir}/perf.gguf
   if [[ ! -f $perf ]]; then
     t0=$SECONDS
