@@ -81,27 +81,7 @@ std::vector<T> copy_back(const T* d, size_t n) {
   return h;
 }
 
-class ModelOpsCuda : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
-  }
-  void TearDown() override {
-    for (void* p : owned_) cudaFree(p);
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  ExecCtx ctx() const { return ExecCtx{Backend::kCuda, stream_}; }
-  template <typename T>
-  T* dev(const std::vector<T>& v) {
-    T* d = to_device(v);
-    owned_.push_back(d);
-    return d;
-  }
-  void sync() { ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess); }
-  cudaStream_t stream_ = nullptr;
-  std::vector<void*> owned_;
-};
+using ModelOpsCuda = testing::CudaStreamTest;
 
 TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
   std::mt19937 rng(1);

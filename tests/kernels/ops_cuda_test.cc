@@ -46,18 +46,7 @@ void expect_close(const std::vector<float>& want, const std::vector<float>& got,
   }
 }
 
-class OpsCuda : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-    ASSERT_EQ(cudaStreamCreate(&stream_), cudaSuccess);
-  }
-  void TearDown() override {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
-  ExecCtx ctx() const { return ExecCtx{Backend::kCuda, stream_}; }
-  cudaStream_t stream_ = nullptr;
-};
+using OpsCuda = testing::CudaStreamTest;
 
 void check_norm(const ExecCtx& ctx, const std::vector<float>& x, const std::vector<float>& w, int64_t rows, float eps,
                 size_t* exact, size_t* total, const std::string& what) {

@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "inference_svc/model/model.h"
 #include "tests/golden_data.h"
-#include "tests/model/logits_compare.h"
+#include "tests/model/golden_checks.h"
 #include "tests/test_util.h"
 #include "tools/dsflash/synth_model.h"
 
@@ -17,7 +17,11 @@ namespace dsflash::model {
 namespace {
 
 using testing::compare;
+using testing::expect_golden_decode_bounds;
+using testing::expect_golden_prefill_bounds;
 using testing::Golden;
+using testing::prefill_then_decode;
+using testing::teacher_forced_decode;
 
 class GoldenCuda : public ::testing::Test {
  protected:
@@ -64,10 +68,7 @@ TEST_F(GoldenCuda, PrefillMatchesGoldensAndTheCpu) {
     std::printf("gpu prefill len %2d vs golden: median %.2e p99 %.2e max %.2e argmax %d/%d | vs cpu: median %.2e "
                 "max %.2e argmax %d/%d\n",
                 len, a.median, a.p99, a.max, a.argmax_same, a.rows, c.median, c.max, c.argmax_same, c.rows);
-    EXPECT_LT(a.median, 0.01) << len;
-    EXPECT_LT(a.p99, 0.35) << len;
-    EXPECT_LT(a.max, 1.0) << len;
-    EXPECT_GE(a.argmax_same, a.rows * 9 / 10) << len;
+    expect_golden_prefill_bounds(a, len);
     EXPECT_LT(c.median, 0.01) << len;
     EXPECT_GE(c.argmax_same, c.rows * 9 / 10) << len;
   }
@@ -77,7 +78,7 @@ TEST_F(GoldenCuda, TeacherForcedDecodeTrace) {
   const Golden& g = Golden::get();
   auto seq = gpu_->new_sequence();
   ASSERT_NE(seq, nullptr);
-  std::vector<float> logits, all;
+  std::vector<float> logits;
   ASSERT_TRUE(gpu_->forward(*seq, g.ints("decode.prompt_tokens"), false, &logits).ok());
   // The prompt's last position is a flagged exact tie at layer 3's indexer top-k boundary in
   // the reference (inter.L3.indexer.boundary_tie[16], margin 0): scores one ulp apart pick
@@ -87,19 +88,11 @@ TEST_F(GoldenCuda, TeacherForcedDecodeTrace) {
   std::printf("gpu prefill(17) last row: max |d| %.2e argmax %d/1\n", last.max, last.argmax_same);
   EXPECT_LT(last.max, 1.0);
   EXPECT_EQ(last.argmax_same, 1);
-  const auto inputs = g.ints("decode.input_tokens");
-  const auto positions = g.ints("decode.positions");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    ASSERT_EQ(seq->n_past, positions[i]);
-    ASSERT_TRUE(gpu_->forward(*seq, {inputs[i]}, false, &logits).ok());
-    all.insert(all.end(), logits.begin(), logits.end());
-  }
+  const std::vector<float> all = teacher_forced_decode(*gpu_, *seq);
   const auto a = compare(all, g.at("decode.logits").values, 512);
   std::printf("gpu decode trace: median |d| %.2e  p99 %.2e  max %.2e  argmax %d/%d\n", a.median, a.p99, a.max,
               a.argmax_same, a.rows);
-  EXPECT_LT(a.median, 0.02);
-  EXPECT_LT(a.p99, 0.35);
-  EXPECT_GE(a.argmax_same, a.rows * 8 / 10);
+  expect_golden_decode_bounds(a);
 }
 
 TEST_F(GoldenCuda, DecodeAndChunksMatchPrefill) {
@@ -107,14 +100,7 @@ TEST_F(GoldenCuda, DecodeAndChunksMatchPrefill) {
   const auto tokens = g.ints("prompt.len41.tokens");
   const std::vector<float> ref = run(*gpu_, tokens, true);
   for (int k : {1, 17}) {
-    auto seq = gpu_->new_sequence();
-    std::vector<float> logits, got;
-    ASSERT_TRUE(gpu_->forward(*seq, std::vector<int32_t>(tokens.begin(), tokens.begin() + k), false, &logits).ok());
-    got = logits;
-    for (size_t i = k; i + 1 < tokens.size(); ++i) {
-      ASSERT_TRUE(gpu_->forward(*seq, {tokens[i]}, false, &logits).ok());
-      got.insert(got.end(), logits.begin(), logits.end());
-    }
+    const std::vector<float> got = prefill_then_decode(*gpu_, tokens, k);
     const auto a = compare(got, std::vector<float>(ref.begin() + (k - 1) * 512, ref.begin() + 40 * 512), 512);
     std::printf("gpu prefill(41) vs prefill(%d)+decode: median %.2e max %.2e argmax %d/%d\n", k, a.median, a.max,
                 a.argmax_same, a.rows);
