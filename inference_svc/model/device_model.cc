@@ -310,29 +310,31 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   RETURN_IF_ERROR(kernels::stream_sync(ctx));
   std::map<int32_t, std::vector<int64_t>> by_expert;  // expert -> (t * K + k) slots, token order
   for (int64_t i = 0; i < S * K; ++i) by_expert[e_h[i]].push_back(i);
-  std::vector<int32_t> tok, rows_of(static_cast<size_t>(S * K));
+  std::vector<int64_t> tok;  // the token of each row, rows grouped by expert
+  std::vector<int32_t> rows_of(static_cast<size_t>(S * K));
   std::vector<float> row_w;
   std::vector<int64_t> filled(static_cast<size_t>(S), 0);
   for (const auto& [e, slots] : by_expert) {
     for (int64_t i : slots) {
       const int64_t t = i / K;
       rows_of[t * K + filled[t]++] = static_cast<int32_t>(tok.size());
-      tok.push_back(static_cast<int32_t>(t));
+      tok.push_back(t);
       row_w.push_back(w_h[i]);
     }
   }
   const int64_t R = S * K;
-  ASSIGN_OR_RETURN(auto tok_d, DevBuf<int32_t>::make(ctx, R));
+  ASSIGN_OR_RETURN(auto tok_d, DevBuf<int64_t>::make(ctx, R));
   ASSIGN_OR_RETURN(auto rows_d, DevBuf<int32_t>::make(ctx, R));
   ASSIGN_OR_RETURN(auto w_d, DevBuf<float>::make(ctx, R));
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, tok_d.get(), tok.data(), R * sizeof(int32_t)));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, tok_d.get(), tok.data(), R * sizeof(int64_t)));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, rows_d.get(), rows_of.data(), R * sizeof(int32_t)));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, w_d.get(), row_w.data(), R * sizeof(float)));
   ASSIGN_OR_RETURN(auto xe, DevBuf<float>::make(ctx, R * D));
-  ASSIGN_OR_RETURN(auto a, DevBuf<float>::make(ctx, std::max(R, S) * F));
-  ASSIGN_OR_RETURN(auto b, DevBuf<float>::make(ctx, std::max(R, S) * F));
+  ASSIGN_OR_RETURN(auto a, DevBuf<float>::make(ctx, R * F));
+  ASSIGN_OR_RETURN(auto b, DevBuf<float>::make(ctx, R * F));
   ASSIGN_OR_RETURN(auto ye, DevBuf<float>::make(ctx, R * D));
-  RETURN_IF_ERROR(kernels::moe::gather_tokens_cuda(ctx, x, D, tok_d.get(), R, xe.get()));
+  RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, quant::GgmlType::kF32, x, D, D * sizeof(float), S, tok_d.get(),
+                                                     R, false, xe.get()));
   int64_t r0 = 0;
   for (const auto& [e, slots] : by_expert) {
     const int64_t n = static_cast<int64_t>(slots.size());

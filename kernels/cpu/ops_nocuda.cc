@@ -58,9 +58,6 @@ Status route_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_t, 
 Status swiglu_cuda(const ExecCtx&, float*, const float*, int64_t, int64_t, float, const float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-Status gather_tokens_cuda(const ExecCtx&, const float*, int64_t, const int32_t*, int64_t, float*) {
-  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
-}
 Status combine_cuda(const ExecCtx&, const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

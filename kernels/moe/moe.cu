@@ -75,13 +75,6 @@ __global__ void swiglu_kernel(float* __restrict__ a, const float* __restrict__ b
   a[i] = cuda::round_bf16(__fmul_rn(w, __fmul_rn(silu, u)));
 }
 
-__global__ void gather_tokens_kernel(const float* __restrict__ x, int64_t D, const int32_t* __restrict__ tok, int64_t n,
-                                     float* __restrict__ dst) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n * D) return;
-  dst[i] = x[static_cast<int64_t>(tok[i / D]) * D + i % D];
-}
-
 __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ rows,
                                const float* __restrict__ shared, int64_t S, int64_t K, int64_t D, float* __restrict__ out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -118,11 +111,6 @@ cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
 }
 
 }  // namespace
-
-Status gather_tokens_cuda(const ExecCtx& ctx, const float* x, int64_t D, const int32_t* tok, int64_t n, float* dst) {
-  if (n <= 0 || D <= 0) return absl::OkStatus();
-  return cuda::launch(gather_tokens_kernel, flat(ctx, n * D), x, D, tok, n, dst);
-}
 
 Status combine_cuda(const ExecCtx& ctx, const float* y, const int32_t* rows, const float* shared, int64_t S, int64_t K,
                     int64_t D, float* out) {

@@ -19,9 +19,6 @@ Status route_cuda(const ExecCtx& ctx, const float* logits, const float* bias, in
 Status swiglu_cuda(const ExecCtx& ctx, float* a, const float* b, int64_t S, int64_t F, float limit,
                    const float* weight);
 
-// dst[i][:] = x[tok[i]][:] for n rows of D values (the tokens routed to one expert).
-Status gather_tokens_cuda(const ExecCtx& ctx, const float* x, int64_t D, const int32_t* tok, int64_t n, float* dst);
-
 // out[t][d] = bf16(sum_k y[rows[t][k]][d] + shared[t][d]), the K routed outputs of token t
 // summed in the order listed (ascending expert index, as the CPU) from 0.0f.
 Status combine_cuda(const ExecCtx& ctx, const float* y, const int32_t* rows, const float* shared, int64_t S, int64_t K,
