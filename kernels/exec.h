@@ -5,6 +5,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -15,6 +18,16 @@ enum class Backend { kCpu, kCuda };
 struct ExecCtx {
   Backend backend = Backend::kCpu;
   void* cuda_stream = nullptr;  // cudaStream_t of the caller (kCuda only)
+};
+
+// A scalar argument of a device op: the value given at launch, or, when `dev` is set, the value
+// in device memory when the op runs (a CUDA graph replayed at later positions reads the
+// position the host wrote before the replay). `value` stays a valid hint for host-side sizing.
+struct DevScalar {
+  DevScalar(int64_t v = 0) : value(v) {}  // NOLINT: a plain value converts implicitly
+  DevScalar(int64_t v, const int64_t* d) : value(v), dev(d) {}
+  int64_t value = 0;
+  const int64_t* dev = nullptr;
 };
 
 // True when this build has the CUDA backend and a usable device is present.
@@ -37,5 +50,30 @@ Status copy(const ExecCtx& ctx, Copy kind, void* dst, const void* src, size_t by
 Status copy_2d(const ExecCtx& ctx, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                size_t rows);
 Status fill_zero(const ExecCtx& ctx, void* p, size_t bytes);
+
+// Page-locked host memory (copies from it are asynchronous and may be captured in a graph).
+StatusOr<void*> host_alloc_pinned(size_t bytes);
+void host_free_pinned(void* p);
+
+// CUDA graphs: the ops issued on ctx's stream between capture_begin and capture_end are
+// recorded, not run (stream-ordered allocations become the graph's own); capture_end returns
+// the instantiated graph (ended capture and no graph on error), graph_launch replays it on
+// ctx's stream. Host synchronisation of the stream is an error while capturing.
+Status capture_begin(const ExecCtx& ctx);
+StatusOr<void*> capture_end(const ExecCtx& ctx);
+Status graph_launch(const ExecCtx& ctx, void* graph);
+void graph_destroy(void* graph);
+
+// Kernel timing, a profiling facility: while on, every kernel launch of this process is
+// bracketed by device events (slower; never while capturing a graph). kernel_times()
+// synchronises the device and returns the GPU time per kernel since timing was turned on,
+// longest first.
+struct KernelTime {
+  std::string name;
+  int64_t launches = 0;
+  double ms = 0;
+};
+void set_kernel_timing(bool on);
+StatusOr<std::vector<KernelTime>> kernel_times();
 
 }  // namespace dsflash::kernels

@@ -16,6 +16,18 @@ namespace dsflash::model {
 using kernels::Copy;
 using kernels::ExecCtx;
 
+namespace {
+// Appends n new latents (or index keys) of a ratio-r cache; in a capture the destination row is
+// read when the graph runs and the host counts the rows after each replay.
+Status append_rows(DeviceModel::Call& call, DevRows& rows, int r, const float* src, int64_t n) {
+  if (call.step == nullptr) return rows.append(call.ctx, src, n);
+  if (n == 0) return absl::OkStatus();
+  call.appends->push_back({&rows, n});
+  return kernels::attn::ring_write_cuda(call.ctx, src, call.new_row(r, rows.rows), n, rows.buf.size() / rows.width,
+                                        rows.width, rows.buf.get());
+}
+}  // namespace
+
 // Ratio 1: a bf16 projection per token. Ratio 2: fp32 projections, pairs pooled as the
 // sequence completes them (a partial pair waits in the sequence state). Normalised latents.
 StatusOr<DevBuf<float>> DeviceModel::compress(int l, Call& call, const float* x, int64_t* n_new) const {
@@ -40,7 +52,7 @@ StatusOr<DevBuf<float>> DeviceModel::compress(int l, Call& call, const float* x,
                            Dh * sizeof(float));
     };
     int64_t t = 0, n = 0;
-    if (pos0 % 2 == 1) {  // the first token completes the pair waiting in the state
+    if (pos0 % 2 == 1) {  // the first token completes the pair waiting in the state (a graph's parity)
       RETURN_IF_ERROR(to_state(0, 1));
       RETURN_IF_ERROR(kernels::attn::pool_cuda(ctx, st.kv_state.get(), st.score_state.get(), 1, 2, Dh, latent.get()));
       t = n = 1;
@@ -72,26 +84,26 @@ Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr, 
     RETURN_IF_ERROR(dev_linear(ctx, w.idx_wk, latent, n_new, k.get()));
     RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, k.get(), w.idx_k_norm, n_new, Di, cfg_.norm_eps, k.get()));
     RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(dims), k.get(), n_new, Di,
-                                              (call.pos0 / r) * r, 1, false, r));
+                                              call.group_start(r), 1, false, r));
     RETURN_IF_ERROR(kernels::qdq::fp4_e8m0_32_cuda(ctx, k.get(), n_new * Di));
-    RETURN_IF_ERROR(call.seq.layers[l].index_k.append(ctx, k.get(), n_new));
+    RETURN_IF_ERROR(append_rows(call, call.seq.layers[l].index_k, r, k.get(), n_new));
   }
   const DevRows& keys = call.seq.layers[L.kv_source].index_k;
-  const int64_t n_keys = (call.pos0 + S) / r;
+  const int64_t n_keys = call.n_keys(r);
   ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * Hi * Di));
   RETURN_IF_ERROR(dev_linear(ctx, w.idx_wq_b, qr, S, q.get()));
-  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(dims), q.get(), S * Hi, Di, call.pos0, Hi));
+  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(dims), q.get(), S * Hi, Di, call.pos(), Hi));
   RETURN_IF_ERROR(kernels::qdq::fp4_e8m0_32_cuda(ctx, q.get(), S * Hi * Di));
   ASSIGN_OR_RETURN(auto wts, DevBuf<float>::make(ctx, S * Hi));
   RETURN_IF_ERROR(dev_linear(ctx, w.idx_proj, x, S, wts.get()));
   const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Di)) / std::sqrt(static_cast<double>(Hi)));
   ASSIGN_OR_RETURN(auto score, DevBuf<float>::make(ctx, S * n_keys));
   RETURN_IF_ERROR(kernels::attn::index_scores_cuda(ctx, q.get(), S, static_cast<int>(Hi), Di, keys.buf.get(), n_keys,
-                                                   wts.get(), wscale, call.pos0, r, score.get()));
+                                                   wts.get(), wscale, call.pos(), r, score.get()));
   if (L.is_candidate_source) {
     ASSIGN_OR_RETURN(call.cand, DevBuf<uint8_t>::make(ctx, S * n_keys));
     call.cand_width = n_keys;
-    RETURN_IF_ERROR(kernels::attn::candidate_mask_cuda(ctx, score.get(), S, n_keys, call.pos0, r,
+    RETURN_IF_ERROR(kernels::attn::candidate_mask_cuda(ctx, score.get(), S, n_keys, call.pos(), r,
                                                        cfg_.candidate_topk_blocks, cfg_.candidate_block_size,
                                                        call.cand.get()));
   } else if (L.uses_candidates) {
@@ -102,7 +114,7 @@ Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr, 
   RETURN_IF_ERROR(kernels::attn::topk_cuda(ctx, score.get(), S, n_keys, k_sel, top.get()));
   ASSIGN_OR_RETURN(call.topk, DevBuf<int32_t>::make(ctx, S * k_sel));
   call.topk_width = k_sel;
-  return kernels::attn::publish_topk_cuda(ctx, top.get(), S, k_sel, call.pos0, r, call.n_win, call.topk.get(), k_sel);
+  return kernels::attn::publish_topk_cuda(ctx, top.get(), S, k_sel, call.pos(), r, call.n_win, call.topk.get(), k_sel);
 }
 
 // Compressed part: sources compress, index sources select, new latents get RoPE at their
@@ -111,7 +123,7 @@ Status DeviceModel::compressed_kv(int l, Call& call, const float* x, const float
   const config::LayerConfig& L = cfg_.layers[l];
   const ExecCtx& ctx = call.ctx;
   const int r = L.compress_ratio;
-  const int64_t Dh = cfg_.head_dim, compress_len = (call.pos0 + call.S) / r;
+  const int64_t Dh = cfg_.head_dim, compress_len = call.n_keys(r);
   DevBuf<float> latent;
   int64_t n_new = 0;
   if (L.is_kv_source) {
@@ -128,9 +140,9 @@ Status DeviceModel::compressed_kv(int l, Call& call, const float* x, const float
   }
   if (n_new > 0) {
     RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(cfg_.rope_dims), latent.get(), n_new, Dh,
-                                              (call.pos0 / r) * r, 1, false, r));
+                                              call.group_start(r), 1, false, r));
     RETURN_IF_ERROR(kernels::qdq::fp4_e4m3_16_cuda(ctx, latent.get(), n_new * Dh));
-    RETURN_IF_ERROR(call.seq.layers[l].comp_kv.append(ctx, latent.get(), n_new));
+    RETURN_IF_ERROR(append_rows(call, call.seq.layers[l].comp_kv, r, latent.get(), n_new));
   }
   kv_b = call.seq.layers[L.kv_source].comp_kv.buf.get();
   return absl::OkStatus();
@@ -167,6 +179,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   const float* rope = L.compress_ratio > 0 ? rope_yarn_ : rope_plain_;
   const int dims = static_cast<int>(cfg_.rope_dims);
   const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim, W = cfg_.window, pos0 = call.pos0;
+  const kernels::DevScalar pos = call.pos();
   const size_t f = sizeof(float);
   // Query.
   std::optional<Phase> proj(std::in_place, *this, ctx, "attention.q_kv_projections");
@@ -175,12 +188,12 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
   ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * H * Dh));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_b, qr.get(), S, q.get()));
-  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, q.get(), S * H, Dh, pos0, H));
+  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, q.get(), S * H, Dh, pos, H));
   // Window rows: kv_norm(wkv x), RoPE, FP8 QDQ; then the rows attention reads (window_kv).
   ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * Dh));
   RETURN_IF_ERROR(dev_linear(ctx, w.wkv, x, S, kv.get()));
   RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, kv.get(), w.kv_norm, S, Dh, cfg_.norm_eps, kv.get()));
-  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, kv.get(), S, Dh, pos0, 1));
+  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, kv.get(), S, Dh, pos, 1));
   RETURN_IF_ERROR(kernels::qdq::fp8_e8m0_32_cuda(ctx, kv.get(), S * Dh));
   DeviceLayerState& st = call.seq.layers[l];
   const bool decode = pos0 > 0 && S == 1;
@@ -192,7 +205,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
     RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, joined.get() + W * Dh, kv.get(), S * Dh * f));
     kv_a = joined.get();
   }
-  RETURN_IF_ERROR(kernels::attn::ring_write_cuda(ctx, kv.get(), pos0, S, W, Dh, st.ring.get()));
+  RETURN_IF_ERROR(kernels::attn::ring_write_cuda(ctx, kv.get(), pos, S, W, Dh, st.ring.get()));
   proj.reset();
   const float* kv_b = nullptr;
   if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), kv_b));
@@ -201,7 +214,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   const int64_t ww = pos0 == 0 ? std::min(S, W) : W;
   const int64_t tw = L.compress_ratio > 0 ? call.topk_width : 0, width = ww + tw;
   ASSIGN_OR_RETURN(auto idx, DevBuf<int32_t>::make(ctx, S * width));
-  RETURN_IF_ERROR(kernels::attn::window_index_cuda(ctx, pos0, S, W, idx.get(), width));
+  RETURN_IF_ERROR(kernels::attn::window_index_cuda(ctx, pos, S, W, idx.get(), width));
   if (tw > 0) {
     RETURN_IF_ERROR(kernels::copy_2d(ctx, idx.get() + ww, width * sizeof(int32_t), call.topk.get(), tw * sizeof(int32_t),
                                      tw * sizeof(int32_t), S));
@@ -211,7 +224,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
   RETURN_IF_ERROR(kernels::attn::sparse_attn_cuda(ctx, q.get(), S, static_cast<int>(H), Dh, kv_a, call.n_win, kv_b,
                                                   idx.get(), width, w.sinks, scale, o.get()));
-  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, o.get(), S * H, Dh, pos0, H, true));
+  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, o.get(), S * H, Dh, pos, H, true));
   return grouped_output(l, call, o.get(), y);
 }
 

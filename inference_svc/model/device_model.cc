@@ -56,21 +56,26 @@ std::map<std::string, double> DeviceModel::profile() const {
 
 Status DevRows::append(const ExecCtx& ctx, const float* src, int64_t n) {
   if (n <= 0) return absl::OkStatus();
-  if ((rows + n) * width > buf.size()) {
-    const int64_t cap = std::max<int64_t>(2 * (rows + n), 64) * width;
-    ASSIGN_OR_RETURN(DevBuf<float> bigger, DevBuf<float>::make(ctx, cap));
-    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, bigger.get(), buf.get(), rows * width * sizeof(float)));
-    buf = std::move(bigger);
-  }
+  if ((rows + n) * width > buf.size()) RETURN_IF_ERROR(reserve(ctx, std::max<int64_t>(2 * (rows + n), 64)));
   RETURN_IF_ERROR(
       kernels::copy(ctx, Copy::kDeviceToDevice, buf.get() + rows * width, src, n * width * sizeof(float)));
   rows += n;
   return absl::OkStatus();
 }
 
+Status DevRows::reserve(const ExecCtx& ctx, int64_t capacity) {
+  if (capacity * width <= buf.size()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(DevBuf<float> bigger, DevBuf<float>::make(ctx, capacity * width));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, bigger.get(), buf.get(), rows * width * sizeof(float)));
+  buf = std::move(bigger);
+  ++reallocs;
+  return absl::OkStatus();
+}
+
 DeviceSequence::~DeviceSequence() {
   if (ctx.cuda_stream != nullptr) {
     (void)kernels::stream_sync(ctx);
+    graphs.release();
     layers.clear();  // frees on the stream before it goes
     (void)kernels::stream_sync(ctx);
     kernels::stream_destroy(ctx.cuda_stream);
@@ -162,6 +167,11 @@ StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::load(const gguf::Model& file
                                               cfg.yarn_beta_slow);
   ASSIGN_OR_RETURN(m->rope_plain_, m->upload(plain.freqs));
   ASSIGN_OR_RETURN(m->rope_yarn_, m->upload(yarn.freqs));
+  std::vector<float> pre_init(cfg.hc_mult, 0.0f);
+  pre_init[0] = 1.0f;
+  ASSIGN_OR_RETURN(m->pre_init_, m->upload(pre_init));
+  m->routed_decode_ = std::all_of(m->layers_.begin(), m->layers_.end(),
+                                  [&](const Layer& w) { return m->routed_on_device(w); });
   RETURN_IF_ERROR(kernels::stream_sync(m->load_ctx_));
   return m;
 }
@@ -192,32 +202,75 @@ StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::new_sequence() const {
 
 Status DeviceModel::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits,
                             std::vector<float>* logits) const {
+  const int64_t S = static_cast<int64_t>(tokens.size());
+  if (graph_eligible(seq, S)) return graph_step(seq, tokens[0], logits);
+  return eager(seq, tokens, all_logits, logits);
+}
+
+StatusOr<std::vector<int64_t>> DeviceModel::engram_ids(const Sequence& seq, int64_t pos0, int64_t S) const {
+  const config::EngramConfig& ec = cfg_.engram;
+  const int64_t cols = ec.cols();
+  std::vector<int64_t> ids(ec.layer_ids.size() * static_cast<size_t>(S * cols));
+  for (size_t e = 0; e < ec.layer_ids.size(); ++e) {
+    const int l = ec.layer_ids[e];
+    int64_t* out = ids.data() + e * S * cols;
+    for (int64_t t = 0; t < S; ++t) kernels::engram::hash_ids(ec, e, seq.engram_ids.data(), pos0 + t + 1, out + t * cols);
+    for (int64_t i = 0; i < S * cols; ++i) {
+      if (out[i] < 0 || out[i] >= layers_[l].engram_embd.rows) {
+        return absl::InternalError(absl::StrCat("Engram layer ", l, ": row id ", out[i], " outside the table"));
+      }
+    }
+  }
+  return ids;
+}
+
+// A call run as issued: token and Engram ids uploaded, the pass, the logits copied back.
+Status DeviceModel::eager(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits,
+                          std::vector<float>* logits) const {
   DeviceSequence& ds = *seq.device;
   const ExecCtx& ctx = ds.ctx;
-  const int64_t S = static_cast<int64_t>(tokens.size()), C = cfg_.hc_mult, D = cfg_.n_embd;
+  const int64_t S = static_cast<int64_t>(tokens.size()), V = output_.rows, n = all_logits ? S : 1;
   Call call(ctx, ds, seq);
   call.pos0 = seq.n_past;
   call.S = S;
   call.n_win = call.pos0 == 0 ? S : (S == 1 ? cfg_.window : cfg_.window + S);
-  // Embedding: bf16 rows copied into every stream.
-  std::optional<Phase> embed_phase(std::in_place, *this, ctx, "embed");
+  ASSIGN_OR_RETURN(const std::vector<int64_t> eids, engram_ids(seq, call.pos0, S));
+  ASSIGN_OR_RETURN(auto eids_d, DevBuf<int64_t>::make(ctx, static_cast<int64_t>(eids.size())));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, eids_d.get(), eids.data(), eids.size() * sizeof(int64_t)));
+  call.engram_ids = eids_d.get();
   ASSIGN_OR_RETURN(auto ids, DevBuf<int64_t>::make(ctx, S));
   const std::vector<int64_t> ids_h(tokens.begin(), tokens.end());
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, ids.get(), ids_h.data(), S * sizeof(int64_t)));
+  ASSIGN_OR_RETURN(auto out, DevBuf<float>::make(ctx, n * V));
+  RETURN_IF_ERROR(pass(call, ids.get(), all_logits, out.get()));
+  logits->assign(static_cast<size_t>(n * V), 0.0f);
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, logits->data(), out.get(), n * V * sizeof(float)));
+  return kernels::stream_sync(ctx);
+}
+
+Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float* out) const {
+  const ExecCtx& ctx = call.ctx;
+  const int64_t S = call.S, C = cfg_.hc_mult, D = cfg_.n_embd;
+  // Embedding: bf16 rows copied into every stream.
+  std::optional<Phase> embed_phase(std::in_place, *this, ctx, "embed");
   ASSIGN_OR_RETURN(auto row, DevBuf<float>::make(ctx, S * D));
   RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, token_embd_.type, token_embd_.data, token_embd_.cols,
-                                                     token_embd_.row_bytes, token_embd_.rows, ids.get(), S, true,
+                                                     token_embd_.row_bytes, token_embd_.rows, ids, S, true,
                                                      row.get()));
   ASSIGN_OR_RETURN(auto h, DevBuf<float>::make(ctx, S * C * D));
   for (int64_t c = 0; c < C; ++c) {
     RETURN_IF_ERROR(kernels::copy_2d(ctx, h.get() + c * D, C * D * sizeof(float), row.get(), D * sizeof(float),
                                      D * sizeof(float), S));
   }
-  std::vector<float> pre_h(static_cast<size_t>(S * C), 0.0f);
-  for (int64_t t = 0; t < S; ++t) pre_h[t * C] = 1.0f;
   ASSIGN_OR_RETURN(auto pre_mix, DevBuf<float>::make(ctx, S * C));
   ASSIGN_OR_RETURN(auto spare_pre, DevBuf<float>::make(ctx, S * C));
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, pre_mix.get(), pre_h.data(), pre_h.size() * sizeof(float)));
+  if (S == 1) {  // a decode step (may be captured: no host source)
+    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, pre_mix.get(), pre_init_, C * sizeof(float)));
+  } else {
+    std::vector<float> pre_h(static_cast<size_t>(S * C), 0.0f);
+    for (int64_t t = 0; t < S; ++t) pre_h[t * C] = 1.0f;
+    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, pre_mix.get(), pre_h.data(), pre_h.size() * sizeof(float)));
+  }
   embed_phase.reset();
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
     if (cfg_.layers[l].has_engram) {
@@ -227,7 +280,7 @@ Status DeviceModel::forward(Sequence& seq, const std::vector<int32_t>& tokens, b
     RETURN_IF_ERROR(block(static_cast<int>(l), call, h.get(), pre_mix, spare_pre));
   }
   Phase phase(*this, ctx, "head");
-  return head(call, h.get(), pre_mix.get(), all_logits, logits);
+  return head(call, h.get(), pre_mix.get(), all_logits, out);
 }
 
 // One block (model.cc Model::block): each sub-layer collapses the streams with the previous
@@ -271,20 +324,15 @@ Status DeviceModel::block(int l, Call& call, float* h, DevBuf<float>& pre_mix, D
   return absl::OkStatus();
 }
 
-Status DeviceModel::head(Call& call, const float* h, const float* pre_mix, bool all_logits,
-                         std::vector<float>* logits) const {
+Status DeviceModel::head(Call& call, const float* h, const float* pre_mix, bool all_logits, float* out) const {
   const ExecCtx& ctx = call.ctx;
   const int C = static_cast<int>(cfg_.hc_mult);
-  const int64_t D = cfg_.n_embd, V = output_.rows, S = call.S;
+  const int64_t D = cfg_.n_embd, S = call.S;
   const int64_t first = all_logits ? 0 : S - 1, n = S - first;
   ASSIGN_OR_RETURN(auto x, DevBuf<float>::make(ctx, n * D));
   RETURN_IF_ERROR(kernels::hc::pre_cuda(ctx, h + first * C * D, pre_mix + first * C, C, D, n, x.get()));
   RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, x.get(), output_norm_, n, D, cfg_.norm_eps, x.get()));
-  ASSIGN_OR_RETURN(auto out, DevBuf<float>::make(ctx, n * V));
-  RETURN_IF_ERROR(dev_linear(ctx, output_, x.get(), n, out.get(), kernels::OutRound::kF32));
-  logits->assign(static_cast<size_t>(n * V), 0.0f);
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, logits->data(), out.get(), n * V * sizeof(float)));
-  return kernels::stream_sync(ctx);
+  return dev_linear(ctx, output_, x.get(), n, out, kernels::OutRound::kF32);
 }
 
 // The MoE sub-layer (ffn.cc Model::moe): routing on the device; the routed tokens grouped by
@@ -302,7 +350,7 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   ASSIGN_OR_RETURN(auto weights, DevBuf<float>::make(ctx, S * K));
   RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
                                            experts.get(), weights.get()));
-  if (S == 1 && routed_on_device(w, x)) return decode_experts(l, call, x, experts.get(), weights.get(), y);
+  if (S == 1 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && routed_on_device(w)) return decode_experts(l, call, x, experts.get(), weights.get(), y);
   std::vector<int32_t> e_h(static_cast<size_t>(S * K));
   std::vector<float> w_h(static_cast<size_t>(S * K));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, e_h.data(), experts.get(), S * K * sizeof(int32_t)));
@@ -350,11 +398,10 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
 }
 
 // Whether a decode step's routed experts can run from the device-side routing (decode GEMV
-// types, aligned activations).
-bool DeviceModel::routed_on_device(const Layer& w, const float* x) const {
+// types and alignments; the activations must be 16-byte aligned too).
+bool DeviceModel::routed_on_device(const Layer& w) const {
   const int64_t E = cfg_.n_expert, F = w.exp_gate.rows / E, Dd = w.exp_down.rows / E;
-  return reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         kernels::linear_experts_supported(w.exp_gate.slice_rows(0, F), F * static_cast<int64_t>(w.exp_gate.row_bytes)) &&
+  return kernels::linear_experts_supported(w.exp_gate.slice_rows(0, F), F * static_cast<int64_t>(w.exp_gate.row_bytes)) &&
          kernels::linear_experts_supported(w.exp_up.slice_rows(0, F), F * static_cast<int64_t>(w.exp_up.row_bytes)) &&
          kernels::linear_experts_supported(w.exp_down.slice_rows(0, Dd), Dd * static_cast<int64_t>(w.exp_down.row_bytes)) &&
          (F * 4) % 16 == 0;
@@ -406,8 +453,8 @@ StatusOr<DevBuf<float>> DeviceModel::shared_expert(const Layer& w, const config:
   return shared;
 }
 
-// Engram (ffn.cc Model::engram): row ids hashed on the host from the compressed token ids
-// (integer-exact), rows gathered and projected on the device, gate and update.
+// Engram (ffn.cc Model::engram): rows of the call's ids (hashed on the host, call.engram_ids)
+// gathered and projected on the device, gate and update.
 Status DeviceModel::engram(int l, Call& call, float* h) const {
   const Layer& w = layers_[l];
   const ExecCtx& ctx = call.ctx;
@@ -415,21 +462,10 @@ Status DeviceModel::engram(int l, Call& call, float* h) const {
   size_t e = 0;
   while (ec.layer_ids[e] != l) ++e;
   const int64_t cols = ec.cols(), S = call.S, C = cfg_.hc_mult, D = cfg_.n_embd;
-  std::vector<int64_t> ids(static_cast<size_t>(S * cols));
-  for (int64_t t = 0; t < S; ++t) {
-    kernels::engram::hash_ids(ec, e, call.host.engram_ids.data(), call.pos0 + t + 1, &ids[t * cols]);
-  }
-  for (int64_t id : ids) {
-    if (id < 0 || id >= w.engram_embd.rows) {
-      return absl::InternalError(absl::StrCat("Engram layer ", l, ": row id ", id, " outside the table"));
-    }
-  }
-  ASSIGN_OR_RETURN(auto ids_d, DevBuf<int64_t>::make(ctx, S * cols));
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, ids_d.get(), ids.data(), ids.size() * sizeof(int64_t)));
   ASSIGN_OR_RETURN(auto rows, DevBuf<float>::make(ctx, S * cols * w.engram_embd.cols));
   RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, w.engram_embd.type, w.engram_embd.data, w.engram_embd.cols,
-                                                     w.engram_embd.row_bytes, w.engram_embd.rows, ids_d.get(),
-                                                     S * cols, true, rows.get()));
+                                                     w.engram_embd.row_bytes, w.engram_embd.rows,
+                                                     call.engram_ids + e * S * cols, S * cols, true, rows.get()));
   ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * w.engram_wkv.rows));
   RETURN_IF_ERROR(dev_linear(ctx, w.engram_wkv, rows.get(), S, kv.get()));
   return kernels::engram::gate_update_cuda(ctx, h, kv.get(), w.engram_qk, static_cast<int>(C), D, S, cfg_.norm_eps,

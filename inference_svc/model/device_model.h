@@ -65,7 +65,10 @@ class DevBuf {
 struct DevRows {
   DevBuf<float> buf;
   int64_t rows = 0, width = 0;
+  int64_t reallocs = 0;  // how often buf moved (graphs captured on the old address are stale)
   Status append(const kernels::ExecCtx& ctx, const float* src, int64_t n);
+  // Room for `capacity` rows without moving again.
+  Status reserve(const kernels::ExecCtx& ctx, int64_t capacity);
 };
 
 // linear_cuda that accepts an empty batch.
@@ -80,10 +83,37 @@ struct DeviceLayerState {
   DevRows comp_kv, index_k;
 };
 
+// The per-step values a decode step replayed from a CUDA graph reads (int64 slots of
+// DecodeGraphs::step, written by the host before each replay).
+struct StepSlots {
+  static constexpr int kPos = 0;    // the step's position
+  static constexpr int kToken = 1;  // its token id
+  static constexpr int group_start(int ratio) { return 1 + ratio; }  // (pos / ratio) * ratio, ratio 1 or 2
+  static constexpr int new_row(int ratio) { return 3 + ratio; }      // cache row of a latent the step completes
+  static constexpr int kEngram = 6;  // Engram row ids: [engram layer][cols]
+};
+
+// A sequence's decode graphs (device_graph.cc): one per position parity (ratio-2 compressors
+// complete a pair on odd positions), captured for every position below `cap`, with the caches
+// reserved for `cap` tokens.
+struct DecodeGraphs {
+  ~DecodeGraphs() { release(); }
+  void drop();     // destroys the graphs (the next step captures again)
+  void release();  // drop() and frees the buffers (before the sequence's stream goes)
+  void* exec[2] = {nullptr, nullptr};
+  int64_t cap = 0;       // positions < cap replay; 0: none captured
+  int64_t reallocs = 0;  // cache moves seen at capture
+  DevBuf<int64_t> step;  // StepSlots on the device
+  int64_t* step_host = nullptr;  // pinned mirror
+  DevBuf<float> logits;  // [n_vocab]: the replay's output
+  std::vector<std::pair<DevRows*, int64_t>> appends[2];  // rows each graph appends per replay
+};
+
 struct DeviceSequence {
   ~DeviceSequence();
   kernels::ExecCtx ctx;  // the sequence's own stream
   std::vector<DeviceLayerState> layers;
+  DecodeGraphs graphs;
 };
 
 class DeviceModel {
@@ -105,16 +135,32 @@ class DeviceModel {
   // As Model::forward after its checks (seq.engram_ids already holds this call's ids).
   Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits) const;
   // Milliseconds per phase summed over the forwards run while profiling was on (each phase then
-  // ends with a stream synchronisation, which slows the pass down); turning it on clears them.
+  // ends with a stream synchronisation, which slows the pass down, and decode runs eagerly);
+  // turning it on clears them.
   void set_profiling(bool on);
+  // Decode steps replayed from CUDA graphs (default) or issued op by op (eager).
+  void set_decode_graphs(bool on) { graphs_ = on; }
+  int64_t graph_replays() const { return replays_; }
   std::map<std::string, double> profile() const;
 
+ struct Call;  // per-forward state shared down the layer stack (below)
+
  private:
-  struct Call;
   DeviceModel() = default;
   StatusOr<float*> upload(const std::vector<float>& v);
   StatusOr<kernels::Weight> upload(const kernels::Weight& w);
   Status upload_layer(const gguf::Model& file, int l);
+  // The pass from token ids (device) to logits (device, rows first..S-1 of `out`).
+  Status pass(Call& call, const int64_t* ids, bool all_logits, float* out) const;
+  Status eager(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits) const;
+  // Device-graph decode (device_graph.cc).
+  bool graph_eligible(const Sequence& seq, int64_t S) const;
+  Status graph_step(Sequence& seq, int32_t token, std::vector<float>* logits) const;
+  Status capture(DeviceSequence& ds, Sequence& seq, int parity) const;
+  Status prepare_graphs(DeviceSequence& ds, int64_t pos) const;
+  // Engram row ids of every Engram layer for the call's tokens ([engram layer][S][cols]),
+  // hashed on the host from the compressed ids and checked against the tables.
+  StatusOr<std::vector<int64_t>> engram_ids(const Sequence& seq, int64_t pos0, int64_t S) const;
   Status block(int l, Call& call, float* h, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre) const;
   Status attention(int l, Call& call, const float* x, float* y) const;
   Status compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const;
@@ -122,11 +168,11 @@ class DeviceModel {
   Status indexer(int l, Call& call, const float* x, const float* qr, const float* latent, int64_t n_new) const;
   Status grouped_output(int l, Call& call, const float* o, float* y) const;
   Status moe(int l, Call& call, const float* x, float* y) const;
-  bool routed_on_device(const Layer& w, const float* x) const;
+  bool routed_on_device(const Layer& w) const;
   Status decode_experts(int l, Call& call, const float* x, const int32_t* experts, const float* weights, float* y) const;
   StatusOr<DevBuf<float>> shared_expert(const Layer& w, const config::LayerConfig& L, Call& call, const float* x) const;
   Status engram(int l, Call& call, float* h) const;
-  Status head(Call& call, const float* h, const float* pre_mix, bool all_logits, std::vector<float>* logits) const;
+  Status head(Call& call, const float* h, const float* pre_mix, bool all_logits, float* out) const;
 
   config::ModelConfig cfg_;
   kernels::ExecCtx load_ctx_;
@@ -135,6 +181,10 @@ class DeviceModel {
   float* output_norm_ = nullptr;
   float* rope_plain_ = nullptr;  // device frequencies
   float* rope_yarn_ = nullptr;
+  float* pre_init_ = nullptr;  // [hc_mult]: 1, 0, ... (the first block's collapse of one token)
+  bool routed_decode_ = false;  // every layer's routed experts have device-routed GEMVs
+  std::atomic<bool> graphs_{true};
+  mutable std::atomic<int64_t> replays_{0};
   std::vector<void*> owned_;  // every weight allocation, freed with the model
   std::atomic<bool> profile_{false};
   mutable std::mutex profile_mu_;
@@ -161,8 +211,21 @@ struct DeviceModel::Call {
   Call(const kernels::ExecCtx& c, DeviceSequence& s, const Sequence& h) : ctx(c), seq(s), host(h) {}
   const kernels::ExecCtx& ctx;
   DeviceSequence& seq;
-  const Sequence& host;   // the compressed token ids for Engram
+  const Sequence& host;
   int64_t pos0 = 0, S = 0, n_win = 0;
+  const int64_t* engram_ids = nullptr;  // device [engram layer][S][cols]
+  // A captured decode step: per-step values read from `step` (StepSlots) when it runs, sizes
+  // from the capacity `cap` (positions below it); null / 0 for a call run as issued.
+  const int64_t* step = nullptr;
+  int64_t cap = 0;
+  std::vector<std::pair<DevRows*, int64_t>>* appends = nullptr;  // a capture: the rows it appends
+  kernels::DevScalar pos() const { return {pos0, slot(StepSlots::kPos)}; }
+  kernels::DevScalar group_start(int r) const { return {(pos0 / r) * r, slot(StepSlots::group_start(r))}; }
+  // The cache row of the first latent this call completes (rows = the cache's rows before it).
+  kernels::DevScalar new_row(int r, int64_t rows) const { return {rows, slot(StepSlots::new_row(r))}; }
+  // Keys visible to the call's last token (a capture: room for any position below cap).
+  int64_t n_keys(int r) const { return cap > 0 ? cap / r : (pos0 + S) / r; }
+  const int64_t* slot(int i) const { return step != nullptr ? step + i : nullptr; }
   DevBuf<int32_t> topk;   // [S][topk_width], already + n_win, or -1
   int64_t topk_width = 0;
   DevBuf<uint8_t> cand;   // [S][cand_width]

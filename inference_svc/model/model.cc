@@ -54,6 +54,12 @@ void Model::set_profiling(bool on) {
   if (device_) device_->set_profiling(on);
 }
 
+void Model::set_decode_graphs(bool on) {
+  if (device_) device_->set_decode_graphs(on);
+}
+
+int64_t Model::decode_graph_replays() const { return device_ ? device_->graph_replays() : 0; }
+
 std::map<std::string, double> Model::profile() const { return device_ ? device_->profile() : std::map<std::string, double>{}; }
 
 std::unique_ptr<Sequence> Model::new_sequence() const {

@@ -99,6 +99,11 @@ class Model {
   // pass is slower) and returns the milliseconds per phase so far; empty on the CPU backend.
   void set_profiling(bool on);
   std::map<std::string, double> profile() const;
+  // CUDA backend: decode steps replayed from CUDA graphs (on, the default) or issued op by op.
+  // Both give the same logits, bit for bit.
+  void set_decode_graphs(bool on);
+  // Decode steps replayed from graphs so far (CUDA backend; 0 on the CPU).
+  int64_t decode_graph_replays() const;
   // A fresh sequence (on the CUDA backend its device state; null when that allocation fails).
   std::unique_ptr<Sequence> new_sequence() const;
 

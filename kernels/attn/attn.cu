@@ -106,13 +106,13 @@ constexpr int kScoreWarps = 8;
 
 // grid (ceil(n_keys / 8), S): one key per warp, the heads in order.
 __global__ void index_scores_kernel(const float* __restrict__ q, int Hi, int64_t Di, const float* __restrict__ keys,
-                                    int64_t n_keys, const float* __restrict__ w, float w_scale, int64_t pos0,
-                                    int ratio, float* __restrict__ score) {
+                                    int64_t n_keys, const float* __restrict__ w, float w_scale, int64_t pos0_value,
+                                    const int64_t* pos0_dev, int ratio, float* __restrict__ score) {
   const int lane = threadIdx.x & 31;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kScoreWarps + (threadIdx.x >> 5);
   const int64_t t = blockIdx.y;
   if (j >= n_keys) return;
-  const int64_t visible = (pos0 + t + 1) / ratio;
+  const int64_t visible = (cuda::scalar_value(pos0_value, pos0_dev) + t + 1) / ratio;
   float* out = score + t * n_keys + j;
   if (j >= visible) {
     if (lane == 0) *out = -INFINITY;
@@ -190,12 +190,12 @@ __global__ void topk_kernel(const float* __restrict__ v, int64_t n, int64_t k, i
 
 // bs[t][b] = max of score[t] over block b (-inf padded); the block of position
 // compress_len - 1 pinned to +inf.
-__global__ void block_max_kernel(const float* __restrict__ score, int64_t n, int64_t nb, int64_t block, int64_t pos0,
-                                 int ratio, float* __restrict__ bs) {
+__global__ void block_max_kernel(const float* __restrict__ score, int64_t n, int64_t nb, int64_t block,
+                                 int64_t pos0_value, const int64_t* pos0_dev, int ratio, float* __restrict__ bs) {
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t t = blockIdx.y;
   if (b >= nb) return;
-  const int64_t compress_len = (pos0 + t + 1) / ratio;
+  const int64_t compress_len = (cuda::scalar_value(pos0_value, pos0_dev) + t + 1) / ratio;
   float m = -INFINITY;
   for (int64_t i = b * block; i < min(n, (b + 1) * block); ++i) m = fmaxf(m, score[t * n + i]);
   if (compress_len >= 1 && (compress_len - 1) / block == b) m = INFINITY;
@@ -218,10 +218,11 @@ __global__ void expand_mask_kernel(const uint8_t* __restrict__ keep, int64_t n, 
   mask[i] = keep[t * nb + j / block];
 }
 
-__global__ void window_index_kernel(int64_t pos0, int64_t S, int64_t W, int64_t width, int32_t* __restrict__ idx,
-                                    int64_t ld) {
+__global__ void window_index_kernel(int64_t pos0_value, const int64_t* pos0_dev, int64_t S, int64_t W, int64_t width,
+                                    int32_t* __restrict__ idx, int64_t ld) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][width]
   if (i >= S * width) return;
+  const int64_t pos0 = cuda::scalar_value(pos0_value, pos0_dev);
   const int64_t t = i / width, j = i % width, p = pos0 + t;
   int32_t v = -1;
   if (pos0 > 0 && S == 1) {
@@ -234,19 +235,21 @@ __global__ void window_index_kernel(int64_t pos0, int64_t S, int64_t W, int64_t 
   idx[t * ld + j] = v;
 }
 
-__global__ void ring_write_kernel(const float* __restrict__ kv, int64_t pos0, int64_t S, int64_t first, int64_t W,
-                                  int64_t Dh, float* __restrict__ ring) {
+__global__ void ring_write_kernel(const float* __restrict__ kv, int64_t pos0_value, const int64_t* pos0_dev, int64_t S,
+                                  int64_t first, int64_t W, int64_t Dh, float* __restrict__ ring) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S - first][Dh]
   if (i >= (S - first) * Dh) return;
+  const int64_t pos0 = cuda::scalar_value(pos0_value, pos0_dev);
   const int64_t t = first + i / Dh, d = i % Dh;
   ring[((pos0 + t) % W) * Dh + d] = kv[t * Dh + d];
 }
 
-__global__ void publish_topk_kernel(const int32_t* __restrict__ top, int64_t S, int64_t k, int64_t pos0, int ratio,
-                                    int64_t n_win, int32_t* __restrict__ out, int64_t ld) {
+__global__ void publish_topk_kernel(const int32_t* __restrict__ top, int64_t S, int64_t k, int64_t pos0_value,
+                                    const int64_t* pos0_dev, int ratio, int64_t n_win, int32_t* __restrict__ out,
+                                    int64_t ld) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= S * k) return;
-  const int64_t t = i / k, visible = (pos0 + t + 1) / ratio;
+  const int64_t t = i / k, visible = (cuda::scalar_value(pos0_value, pos0_dev) + t + 1) / ratio;
   const int32_t j = top[i];
   out[t * ld + i % k] = j < visible ? static_cast<int32_t>(j + n_win) : -1;
 }
@@ -284,12 +287,12 @@ Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t gro
 }
 
 Status index_scores_cuda(const ExecCtx& ctx, const float* q, int64_t S, int Hi, int64_t Di, const float* keys,
-                         int64_t n_keys, const float* w, float w_scale, int64_t pos0, int ratio, float* score) {
+                         int64_t n_keys, const float* w, float w_scale, DevScalar pos0, int ratio, float* score) {
   if (S <= 0 || n_keys <= 0) return absl::OkStatus();
   if (ratio <= 0) return absl::InvalidArgumentError(absl::StrCat("index_scores_cuda: ratio ", ratio));
   const dim3 grid(static_cast<unsigned>((n_keys + kScoreWarps - 1) / kScoreWarps), static_cast<unsigned>(S));
   return cuda::launch(index_scores_kernel, cuda::LaunchParams{grid, dim3(kScoreWarps * 32), 0, stream_of(ctx)}, q, Hi,
-                      Di, keys, n_keys, w, w_scale, pos0, ratio, score);
+                      Di, keys, n_keys, w, w_scale, pos0.value, pos0.dev, ratio, score);
 }
 
 Status topk_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, int64_t k, int32_t* out) {
@@ -300,7 +303,7 @@ Status topk_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, in
                       n, k, out);
 }
 
-Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, int64_t n, int64_t pos0, int ratio,
+Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, int64_t n, DevScalar pos0, int ratio,
                            int64_t topk_blocks, int64_t block, uint8_t* mask) {
   if (S <= 0 || n <= 0) return absl::OkStatus();
   if (ratio <= 0 || block <= 0 || topk_blocks <= 0) {
@@ -318,7 +321,7 @@ Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, in
     RETURN_IF_ERROR(cuda::launch(
         block_max_kernel,
         cuda::LaunchParams{dim3(static_cast<unsigned>((nb + 255) / 256), static_cast<unsigned>(S)), dim3(256), 0, st},
-        score, n, nb, block, pos0, ratio, bs));
+        score, n, nb, block, pos0.value, pos0.dev, ratio, bs));
     RETURN_IF_ERROR(topk_cuda(ctx, bs, S, nb, kb, chosen));
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(keep, 0, S * nb, st));
     RETURN_IF_ERROR(cuda::launch(keep_blocks_kernel, flat(ctx, S * kb), bs, chosen, nb, kb, S, keep));
@@ -330,23 +333,23 @@ Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, in
   return s;
 }
 
-Status window_index_cuda(const ExecCtx& ctx, int64_t pos0, int64_t S, int64_t W, int32_t* idx, int64_t ld) {
-  const int64_t width = pos0 == 0 ? std::min(S, W) : W;
+Status window_index_cuda(const ExecCtx& ctx, DevScalar pos0, int64_t S, int64_t W, int32_t* idx, int64_t ld) {
+  const int64_t width = pos0.value == 0 ? std::min(S, W) : W;
   if (S <= 0 || width <= 0) return absl::OkStatus();
-  return cuda::launch(window_index_kernel, flat(ctx, S * width), pos0, S, W, width, idx, ld);
+  return cuda::launch(window_index_kernel, flat(ctx, S * width), pos0.value, pos0.dev, S, W, width, idx, ld);
 }
 
-Status ring_write_cuda(const ExecCtx& ctx, const float* kv, int64_t pos0, int64_t S, int64_t W, int64_t Dh,
+Status ring_write_cuda(const ExecCtx& ctx, const float* kv, DevScalar pos0, int64_t S, int64_t W, int64_t Dh,
                        float* ring) {
   const int64_t first = std::max<int64_t>(0, S - W);
   if (S <= 0) return absl::OkStatus();
-  return cuda::launch(ring_write_kernel, flat(ctx, (S - first) * Dh), kv, pos0, S, first, W, Dh, ring);
+  return cuda::launch(ring_write_kernel, flat(ctx, (S - first) * Dh), kv, pos0.value, pos0.dev, S, first, W, Dh, ring);
 }
 
-Status publish_topk_cuda(const ExecCtx& ctx, const int32_t* top, int64_t S, int64_t k, int64_t pos0, int ratio,
+Status publish_topk_cuda(const ExecCtx& ctx, const int32_t* top, int64_t S, int64_t k, DevScalar pos0, int ratio,
                          int64_t n_win, int32_t* out, int64_t ld) {
   if (S <= 0 || k <= 0) return absl::OkStatus();
-  return cuda::launch(publish_topk_kernel, flat(ctx, S * k), top, S, k, pos0, ratio, n_win, out, ld);
+  return cuda::launch(publish_topk_kernel, flat(ctx, S * k), top, S, k, pos0.value, pos0.dev, ratio, n_win, out, ld);
 }
 
 Status mask_candidates_cuda(const ExecCtx& ctx, float* score, const uint8_t* cand, int64_t S, int64_t n,

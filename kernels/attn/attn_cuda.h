@@ -3,6 +3,10 @@
 // operations; sums over a row's elements (dot products) reduce in a tree, so fp32 results agree
 // to rounding and bf16 results to one ulp at most where a rounding boundary is crossed.
 // FailedPrecondition in a build without CUDA; InvalidArgument on sizes the kernels cannot take.
+// A position argument (pos0, a DevScalar) may be read from device memory when the op runs (graph
+// replays); host-side sizing uses its value (window_index_cuda: whether it is 0). With a position
+// read at run time, rows of n keys may be a capacity: keys at or beyond (pos0 + t + 1) / ratio
+// score -inf and are never selected ahead of a visible key.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +30,7 @@ Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t gro
 // score[S][n_keys] = index_scores of q[t] ([Hi][Di]) with weights bf16(w[t][h] * w_scale); keys
 // the query cannot see yet (j >= (pos0 + t + 1) / ratio, groups completed up to it) get -inf.
 Status index_scores_cuda(const ExecCtx& ctx, const float* q, int64_t S, int Hi, int64_t Di, const float* keys,
-                         int64_t n_keys, const float* w, float w_scale, int64_t pos0, int ratio, float* score);
+                         int64_t n_keys, const float* w, float w_scale, DevScalar pos0, int ratio, float* score);
 
 // out[rows][k] = topk_ascending of each row of v [rows][n] (0 < k <= n): the k largest, ties
 // towards the lower index, listed in ascending index order.
@@ -34,7 +38,7 @@ Status topk_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, in
 
 // mask[S][n] = candidate_mask of each row of score [S][n] with compress_len (pos0 + t + 1) /
 // ratio. Scratch comes from the stream-ordered allocator.
-Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, int64_t n, int64_t pos0, int ratio,
+Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, int64_t n, DevScalar pos0, int ratio,
                            int64_t topk_blocks, int64_t block, uint8_t* mask);
 
 // The index plumbing of the model's attention (inference_svc/model/attention.cc, window_kv and
@@ -43,12 +47,12 @@ Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, in
 // [0, width), width = pos0 == 0 ? min(S, W) : W): a prefill at 0 lists max(0, t-W+1)..t of this
 // call's rows; a decode step (pos0 > 0, S == 1) the ring oldest slot first; a later chunk the last
 // W positions in [ring ; this call's rows]; -1 padded.
-Status window_index_cuda(const ExecCtx& ctx, int64_t pos0, int64_t S, int64_t W, int32_t* idx, int64_t ld);
+Status window_index_cuda(const ExecCtx& ctx, DevScalar pos0, int64_t S, int64_t W, int32_t* idx, int64_t ld);
 // ring[(pos0 + t) mod W] = kv[t] for the last min(S, W) rows of kv [S][Dh].
-Status ring_write_cuda(const ExecCtx& ctx, const float* kv, int64_t pos0, int64_t S, int64_t W, int64_t Dh,
+Status ring_write_cuda(const ExecCtx& ctx, const float* kv, DevScalar pos0, int64_t S, int64_t W, int64_t Dh,
                        float* ring);
 // out[t][i] (row stride ld) = top[t][i] < (pos0 + t + 1) / ratio ? top[t][i] + n_win : -1.
-Status publish_topk_cuda(const ExecCtx& ctx, const int32_t* top, int64_t S, int64_t k, int64_t pos0, int ratio,
+Status publish_topk_cuda(const ExecCtx& ctx, const int32_t* top, int64_t S, int64_t k, DevScalar pos0, int ratio,
                          int64_t n_win, int32_t* out, int64_t ld);
 // score[t][j] = -inf where !cand[t][j] (score [S][n], cand [S][cand_ld]).
 Status mask_candidates_cuda(const ExecCtx& ctx, float* score, const uint8_t* cand, int64_t S, int64_t n,

@@ -15,5 +15,13 @@ void device_free(const ExecCtx&, void*) {}
 Status copy(const ExecCtx&, Copy, void*, const void*, size_t) { return no_cuda(); }
 Status copy_2d(const ExecCtx&, void*, size_t, const void*, size_t, size_t, size_t) { return no_cuda(); }
 Status fill_zero(const ExecCtx&, void*, size_t) { return no_cuda(); }
+StatusOr<void*> host_alloc_pinned(size_t) { return no_cuda(); }
+void host_free_pinned(void*) {}
+Status capture_begin(const ExecCtx&) { return no_cuda(); }
+StatusOr<void*> capture_end(const ExecCtx&) { return no_cuda(); }
+Status graph_launch(const ExecCtx&, void*) { return no_cuda(); }
+void graph_destroy(void*) {}
+void set_kernel_timing(bool) {}
+StatusOr<std::vector<KernelTime>> kernel_times() { return no_cuda(); }
 
 }  // namespace dsflash::kernels

@@ -22,22 +22,22 @@ Status pool_cuda(const ExecCtx&, const float*, const float*, int64_t, int, int64
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status index_scores_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, const float*, int64_t, const float*, float,
-                         int64_t, int, float*) {
+                         DevScalar, int, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status topk_cuda(const ExecCtx&, const float*, int64_t, int64_t, int64_t, int32_t*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-Status candidate_mask_cuda(const ExecCtx&, const float*, int64_t, int64_t, int64_t, int, int64_t, int64_t, uint8_t*) {
+Status candidate_mask_cuda(const ExecCtx&, const float*, int64_t, int64_t, DevScalar, int, int64_t, int64_t, uint8_t*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-Status window_index_cuda(const ExecCtx&, int64_t, int64_t, int64_t, int32_t*, int64_t) {
+Status window_index_cuda(const ExecCtx&, DevScalar, int64_t, int64_t, int32_t*, int64_t) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-Status ring_write_cuda(const ExecCtx&, const float*, int64_t, int64_t, int64_t, int64_t, float*) {
+Status ring_write_cuda(const ExecCtx&, const float*, DevScalar, int64_t, int64_t, int64_t, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-Status publish_topk_cuda(const ExecCtx&, const int32_t*, int64_t, int64_t, int64_t, int, int64_t, int32_t*, int64_t) {
+Status publish_topk_cuda(const ExecCtx&, const int32_t*, int64_t, int64_t, DevScalar, int, int64_t, int32_t*, int64_t) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status mask_candidates_cuda(const ExecCtx&, float*, const uint8_t*, int64_t, int64_t, int64_t) {
@@ -96,7 +96,7 @@ Status fp4_e8m0_32_cuda(const ExecCtx&, float*, int64_t) {
 }  // namespace qdq
 
 namespace rope {
-Status apply_cuda(const ExecCtx&, const float*, int, float*, int64_t, int64_t, int64_t, int64_t, bool, int64_t) {
+Status apply_cuda(const ExecCtx&, const float*, int, float*, int64_t, int64_t, DevScalar, int64_t, bool, int64_t) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 }  // namespace rope

@@ -85,4 +85,42 @@ Status fill_zero(const ExecCtx& ctx, void* p, size_t bytes) {
   return absl::OkStatus();
 }
 
+StatusOr<void*> host_alloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) {
+    return absl::ResourceExhaustedError(absl::StrCat("pinned host allocation of ", bytes, " bytes: ", cudaGetErrorString(e)));
+  }
+  return p;
+}
+
+void host_free_pinned(void* p) {
+  if (p != nullptr) cudaFreeHost(p);
+}
+
+Status capture_begin(const ExecCtx& ctx) {
+  RETURN_IF_ERROR(keep_pool_memory());
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_of(ctx), cudaStreamCaptureModeThreadLocal));
+  return absl::OkStatus();
+}
+
+StatusOr<void*> capture_end(const ExecCtx& ctx) {
+  cudaGraph_t graph = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream_of(ctx), &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CUDA_RETURN_IF_ERROR(e);
+  return static_cast<void*>(exec);
+}
+
+Status graph_launch(const ExecCtx& ctx, void* graph) {
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), stream_of(ctx)));
+  return absl::OkStatus();
+}
+
+void graph_destroy(void* graph) {
+  if (graph != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+}
+
 }  // namespace dsflash::kernels

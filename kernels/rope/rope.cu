@@ -8,10 +8,11 @@ namespace dsflash::kernels::rope {
 namespace {
 
 __global__ void rope_kernel(const float* __restrict__ freqs, int half, float* __restrict__ v, int64_t n_rows,
-                            int64_t len, int64_t pos0, int64_t rows_per_pos, int64_t pos_stride, bool inverse) {
+                            int64_t len, int64_t pos0_value, const int64_t* pos0_dev, int64_t rows_per_pos,
+                            int64_t pos_stride, bool inverse) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n_rows * half) return;
-  const int64_t row = k / half;
+  const int64_t row = k / half, pos0 = cuda::scalar_value(pos0_value, pos0_dev);
   const int i = static_cast<int>(k % half);
   float* tail = v + row * len + (len - 2 * half);
   const float a = static_cast<float>(pos0 + (row / rows_per_pos) * pos_stride) * freqs[i];
@@ -25,7 +26,7 @@ __global__ void rope_kernel(const float* __restrict__ freqs, int half, float* __
 
 }  // namespace
 
-Status apply_cuda(const ExecCtx& ctx, const float* freqs, int dims, float* v, int64_t n_rows, int64_t len, int64_t pos0,
+Status apply_cuda(const ExecCtx& ctx, const float* freqs, int dims, float* v, int64_t n_rows, int64_t len, DevScalar pos0,
                   int64_t rows_per_pos, bool inverse, int64_t pos_stride) {
   if (dims <= 0 || dims % 2 != 0 || dims > len || rows_per_pos <= 0) {
     return absl::InvalidArgumentError("rope::apply_cuda: dims must be even, positive and <= len; rows_per_pos > 0");
@@ -34,7 +35,7 @@ Status apply_cuda(const ExecCtx& ctx, const float* freqs, int dims, float* v, in
   if (pairs <= 0) return absl::OkStatus();
   const unsigned blocks = static_cast<unsigned>((pairs + 255) / 256);
   return cuda::launch(rope_kernel, cuda::LaunchParams{dim3(blocks), dim3(256), 0, static_cast<cudaStream_t>(ctx.cuda_stream)},
-                      freqs, dims / 2, v, n_rows, len, pos0, rows_per_pos, pos_stride, inverse);
+                      freqs, dims / 2, v, n_rows, len, pos0.value, pos0.dev, rows_per_pos, pos_stride, inverse);
 }
 
 }  // namespace dsflash::kernels::rope

@@ -44,6 +44,7 @@ double decode_bytes(const gguf::Model& m, const config::ModelConfig& c) {
 
 struct Result {
   double prefill_tps = 0, decode_tps = 0, step_ms = 0;
+  double eager_step_ms = 0;  // CUDA: the same steps issued op by op instead of replayed graphs
 };
 
 // Bytes of caches one decode step at position `pos` reads: every layer's window ring, the
@@ -60,8 +61,10 @@ double decode_cache_bytes(const config::ModelConfig& c, int64_t pos) {
   return bytes;
 }
 
-StatusOr<Result> measure(const model::Model& m, int64_t n_prompt, int64_t n_decode, int runs) {
-  std::vector<double> pre, dec, steps;
+// Per run: prefill, n_decode steps (graphs on the CUDA backend), then on the CUDA backend
+// n_decode further steps issued eagerly.
+StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, int runs, bool cuda) {
+  std::vector<double> pre, dec, steps, eager_steps;
   std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
   for (int64_t i = 0; i < n_prompt; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7919) % (m.config().n_vocab - 3));
   for (int r = 0; r < runs + 1; ++r) {  // the first run warms caches and is not counted
@@ -71,20 +74,31 @@ StatusOr<Result> measure(const model::Model& m, int64_t n_prompt, int64_t n_deco
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(m.forward(*seq, prompt, false, &logits));
     const auto t1 = std::chrono::steady_clock::now();
-    std::vector<double> run_steps;
-    for (int64_t i = 0; i < n_decode; ++i) {
-      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      const auto s0 = std::chrono::steady_clock::now();
-      RETURN_IF_ERROR(m.forward(*seq, {next}, false, &logits));
-      run_steps.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
-    }
+    auto decode = [&](std::vector<double>& out) -> Status {
+      for (int64_t i = 0; i < n_decode; ++i) {
+        const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        const auto s0 = std::chrono::steady_clock::now();
+        RETURN_IF_ERROR(m.forward(*seq, {next}, false, &logits));
+        out.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+      }
+      return absl::OkStatus();
+    };
+    std::vector<double> run_steps, run_eager;
+    RETURN_IF_ERROR(decode(run_steps));
     const auto t2 = std::chrono::steady_clock::now();
+    if (cuda) {
+      m.set_decode_graphs(false);
+      const Status s = decode(run_eager);
+      m.set_decode_graphs(true);
+      RETURN_IF_ERROR(s);
+    }
     if (r == 0) continue;
     pre.push_back(n_prompt / std::chrono::duration<double>(t1 - t0).count());
     dec.push_back(n_decode / std::chrono::duration<double>(t2 - t1).count());
     steps.insert(steps.end(), run_steps.begin(), run_steps.end());
+    eager_steps.insert(eager_steps.end(), run_eager.begin(), run_eager.end());
   }
-  return Result{median(pre), median(dec), median(steps)};
+  return Result{median(pre), median(dec), median(steps), eager_steps.empty() ? 0.0 : median(eager_steps)};
 }
 
 // Device-to-device copy bandwidth (bytes read + written per second) of a 1 GiB buffer, median
@@ -125,6 +139,30 @@ StatusOr<std::map<std::string, double>> decode_profile(model::Model& m, int64_t 
   return p;
 }
 
+// GPU time per kernel over n_decode eager steps (events around every launch), per token,
+// longest first.
+StatusOr<std::vector<kernels::KernelTime>> decode_kernel_times(model::Model& m, int64_t n_prompt, int64_t n_decode) {
+  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt), 5);
+  auto seq = m.new_sequence();
+  if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
+  std::vector<float> logits;
+  RETURN_IF_ERROR(m.forward(*seq, prompt, false, &logits));
+  m.set_decode_graphs(false);
+  kernels::set_kernel_timing(true);
+  Status s;
+  for (int64_t i = 0; i < n_decode && s.ok(); ++i) s = m.forward(*seq, {7}, false, &logits);
+  auto times = kernels::kernel_times();
+  kernels::set_kernel_timing(false);
+  m.set_decode_graphs(true);
+  RETURN_IF_ERROR(s);
+  if (!times.ok()) return times.status();
+  for (auto& k : *times) {
+    k.ms /= static_cast<double>(n_decode);
+    k.launches /= n_decode;
+  }
+  return *times;
+}
+
 Status run(const Args& a) {
   ASSIGN_OR_RETURN(const int64_t n_prompt, a.get_int("prompt", 64));
   ASSIGN_OR_RETURN(const int64_t n_decode, a.get_int("decode", 16));
@@ -138,8 +176,12 @@ Status run(const Args& a) {
   ASSIGN_OR_RETURN(auto m, model::Model::load(*file, nullptr,
                                               model::LoadOptions{cuda ? kernels::Backend::kCuda : kernels::Backend::kCpu}));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
-  if (n_prompt + n_decode > m->config().n_ctx) return absl::InvalidArgumentError("prompt + decode exceed the context");
-  ASSIGN_OR_RETURN(const Result r, measure(*m, n_prompt, n_decode, static_cast<int>(runs)));
+  if (n_prompt + (cuda ? 2 : 1) * n_decode > m->config().n_ctx) {
+    return absl::InvalidArgumentError("prompt + decode steps exceed the context");
+  }
+  const int64_t replays0 = m->decode_graph_replays();
+  ASSIGN_OR_RETURN(const Result r, measure(*m, n_prompt, n_decode, static_cast<int>(runs), cuda));
+  const int64_t replays = m->decode_graph_replays() - replays0;
   const double bytes = decode_bytes(*file, m->config());
   const std::string config = absl::StrCat(a.get_or("label", m->config().name), " prompt=", n_prompt, " decode=", n_decode,
                                           " runs=", runs, " backend=", backend);
@@ -153,12 +195,25 @@ Status run(const Args& a) {
     const double bound_ms = (bytes + cache) / bw * 1e3;
     rows.push_back({"load_seconds", load_s, "s"});
     rows.push_back({"decode_step_ms_median", r.step_ms, "ms"});
+    rows.push_back({"decode_step_eager_ms_median", r.eager_step_ms, "ms"});
+    rows.push_back({"decode_graph_replays", static_cast<double>(replays), "steps"});
     rows.push_back({"decode_cache_bytes_per_token", cache, "bytes"});
     rows.push_back({"device_copy_bandwidth", bw / 1e9, "GB/s"});
     rows.push_back({"decode_step_bound_ms", bound_ms, "ms"});
     rows.push_back({"decode_fraction_of_bound", bound_ms / r.step_ms, "ratio"});
     ASSIGN_OR_RETURN(const auto phases, decode_profile(*m, std::min<int64_t>(n_prompt, 64), std::min<int64_t>(n_decode, 16)));
     for (const auto& [name, ms] : phases) rows.push_back({"decode_phase_" + name + "_ms", ms, "ms (synchronised)"});
+    ASSIGN_OR_RETURN(const auto kernels,
+                     decode_kernel_times(*m, std::min<int64_t>(n_prompt, 64), std::min<int64_t>(n_decode, 16)));
+    double total = 0;
+    for (const auto& k : kernels) total += k.ms;
+    rows.push_back({"decode_kernels_total_ms", total, "ms per token (eager, GPU time of every kernel)"});
+    for (size_t i = 0; i < kernels.size() && i < 24; ++i) {
+      std::string name = kernels[i].name;
+      for (char& c : name) c = c == ',' ? ';' : c == ' ' ? '_' : c;
+      rows.push_back({"decode_kernel_" + name + "_ms", kernels[i].ms,
+                      absl::StrCat("ms per token (", kernels[i].launches, " launches)")});
+    }
   }
   RETURN_IF_ERROR(append_bench_rows(a.get_or("csv", "bench/results.csv"), cuda ? "cuda_forward" : "cpu_forward", config,
                                     rows));
