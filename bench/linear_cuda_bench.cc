@@ -37,6 +37,10 @@ int main(int argc, char** argv) {
       {"attn wo_b 8192->5120", GgmlType::kQ4_K, 8192, 5120},
       {"head 5120->129280", GgmlType::kQ6_K, 5120, 129280},
       {"shared expert 5120->2304 q8_0", GgmlType::kQ8_0, 5120, 2304},
+      {"attn q_a 5120->1280", GgmlType::kQ4_K, 5120, 1280},
+      {"attn kv 5120->512", GgmlType::kQ4_K, 5120, 512},
+      {"shared expert down 2304->5120", GgmlType::kQ4_K, 2304, 5120},
+      {"router 5120->16 bf16", GgmlType::kBF16, 5120, 16},
   };
   std::ofstream csv(argv[1], std::ios::app);
   std::mt19937 rng(1);

@@ -55,6 +55,39 @@ __global__ void split_kernel(const float* __restrict__ m, const float* __restric
   detail::split_token(m + t * M, scale, base, C, iters, eps, pre + t * C, post + t * C, comb + t * C * C);
 }
 
+// The same split with one warp per token, lane i * C + j holding comb[i][j] (C * C <= 32):
+// the row and column sums of the Sinkhorn passes are gathered by shuffles and added in the
+// order split_token adds them, so each pass costs C shuffles, C adds and one division per
+// lane instead of C * C of each on one thread.
+__global__ void split_warp_kernel(const float* __restrict__ m, const float* __restrict__ scale,
+                                  const float* __restrict__ base, int C, int64_t S, int iters, float eps,
+                                  float* __restrict__ pre, float* __restrict__ post, float* __restrict__ comb) {
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x, M = (2 + C) * C;
+  const float* mt = m + t * M;
+  if (lane < C) {
+    pre[t * C + lane] = 1.0f / (1.0f + expf(-(mt[lane] * scale[0] + base[lane]))) + eps;
+    post[t * C + lane] = 2.0f * (1.0f / (1.0f + expf(-(mt[C + lane] * scale[1] + base[C + lane]))));
+  }
+  const bool live = lane < C * C;
+  const int i = lane / C, j = lane % C;
+  float v = live ? mt[2 * C + lane] * scale[2] + base[2 * C + lane] : -INFINITY;
+  float mx = -INFINITY;
+  for (int b = 0; b < C; ++b) mx = fmaxf(mx, __shfl_sync(0xffffffffu, v, i * C + b));
+  v = live ? expf(v - mx) : 0.0f;
+  float sum = 0.0f;
+  for (int b = 0; b < C; ++b) sum += __shfl_sync(0xffffffffu, v, i * C + b);
+  v = v / sum + eps;
+  const int passes = iters > 1 ? 2 * iters - 1 : 1;
+  for (int it = 0; it < passes; ++it) {
+    const bool columns = it % 2 == 0;
+    sum = 0.0f;
+    for (int b = 0; b < C; ++b) sum += __shfl_sync(0xffffffffu, v, columns ? b * C + j : i * C + b);
+    v = v / (sum + eps);
+  }
+  if (live) comb[t * C * C + lane] = v;
+}
+
 __global__ void pre_kernel(const float* __restrict__ h, const float* __restrict__ w, int C, int64_t D, int64_t S,
                            float* __restrict__ y) {
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -110,6 +143,12 @@ Status mixes_cuda(const ExecCtx& ctx, const float* h, const float* fn, int C, in
 Status split_cuda(const ExecCtx& ctx, const float* m, const float* scale, const float* base, int C, int64_t S, int iters,
                   float hc_eps, float* pre, float* post, float* comb) {
   if (C <= 0 || S <= 0) return absl::OkStatus();
+  if (C * C <= 32) {
+    return cuda::launch(split_warp_kernel,
+                        cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), 0,
+                                           static_cast<cudaStream_t>(ctx.cuda_stream)},
+                        m, scale, base, C, S, iters, hc_eps, pre, post, comb);
+  }
   return cuda::launch(split_kernel, flat(ctx, S), m, scale, base, C, S, iters, hc_eps, pre, post, comb);
 }
 

@@ -15,7 +15,10 @@ namespace {
 using quant::GgmlType;
 using namespace dsflash::kernels::cuda;
 
-constexpr int kRows = 4;  // rows per warp
+// Rows per warp: 4 when the products have rows enough to fill the GPU (the activations loaded
+// serve all four), else 1 or 2 (more warps in flight). Rows past the end are computed on the
+// last row and not stored, so the loads of a warp's rows issue together.
+constexpr int64_t kRowsFor4 = 16384, kRowsFor2 = 6144;  // rows x products of a launch
 
 struct Batch {
   LinearParams p[kMaxGemvBatch];
@@ -25,6 +28,7 @@ __device__ __forceinline__ float code_at(uint32_t word, int k) {
   return __int_as_float(static_cast<int>(__byte_perm(word, 0x4B000000u, 0x7540u + k))) - 8388608.0f;
 }
 
+template <int kRows>
 __device__ __forceinline__ void store_rows(const LinearParams& p, float (&acc)[kRows], int64_t row0, int lane) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -36,6 +40,7 @@ __device__ __forceinline__ void store_rows(const LinearParams& p, float (&acc)[k
 // Q4_K: a warp takes kRows rows. Lane l covers, in blocks l/8, l/8 + 4, ..., the 16 code bytes at 16 (l % 8):
 // values 64c + 16h + [0, 16) in the low nibbles and 64c + 32 + 16h + [0, 16) in the high ones
 // (c = (l % 8) / 2, h = l % 2; sub-blocks 2c and 2c + 1). One 16-byte load per row and block.
+template <int kRows>
 __device__ __forceinline__ void q4k_gemv(const LinearParams& p) {
   const int lane = threadIdx.x & 31;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
@@ -57,8 +62,7 @@ __device__ __forceinline__ void q4k_gemv(const LinearParams& p) {
     for (int i = 0; i < 16; ++i) sxl += xl[i], sxh += xh[i];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      if (row0 + r >= p.rows) break;
-      const uint8_t* blk = p.w + (row0 + r) * p.row_bytes + b * 144;
+      const uint8_t* blk = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + b * 144;
       const uint4 qv = *reinterpret_cast<const uint4*>(blk + 16 + 16 * q);
       int sc0, m0, sc1, m1;
       scale_min_k4(2 * c, blk + 4, &sc0, &m0);
@@ -86,6 +90,7 @@ __device__ __forceinline__ void q4k_gemv(const LinearParams& p) {
 // code bytes ql[16 (l % 8) + 0..16) of half n = (l % 8) / 4 at l0 = 16 (l % 4) (quarters
 // qa = l0 / 32 from the low nibbles and qa + 2 from the high ones) with their high bits
 // qh[32n + l0 % 32 + 0..16).
+template <int kRows>
 __device__ __forceinline__ void q6k_gemv(const LinearParams& p) {
   const int lane = threadIdx.x & 31;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
@@ -107,8 +112,7 @@ __device__ __forceinline__ void q6k_gemv(const LinearParams& p) {
     for (int i = 0; i < 16; ++i) sxa += xa[i], sxb += xb[i];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      if (row0 + r >= p.rows) break;
-      const uint8_t* blk = p.w + (row0 + r) * p.row_bytes + b * 210;
+      const uint8_t* blk = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + b * 210;
       // 210-byte blocks are only 2-byte aligned: words from half-word loads.
       const uint16_t* ql = reinterpret_cast<const uint16_t*>(blk + 16 * q);
       const uint16_t* qh = reinterpret_cast<const uint16_t*>(blk + 128 + 32 * n + l0);
@@ -143,7 +147,7 @@ __device__ __forceinline__ uint32_t word_at(const uint8_t* p) {
   return h[0] | (static_cast<uint32_t>(h[1]) << 16);
 }
 
-template <GgmlType kType>
+template <GgmlType kType, int kRows>
 __device__ __forceinline__ void q23_gemv(const LinearParams& p) {
   constexpr bool kQ3 = kType == GgmlType::kQ3_K;
   constexpr int kBytes = kQ3 ? 110 : 84;
@@ -168,8 +172,7 @@ __device__ __forceinline__ void q23_gemv(const LinearParams& p) {
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      if (row0 + r >= p.rows) break;
-      const uint8_t* blk = p.w + (row0 + r) * p.row_bytes + b * kBytes;
+      const uint8_t* blk = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + b * kBytes;
       const uint8_t* qs = blk + (kQ3 ? 32 : 16) + 32 * n + l0;
       uint32_t wq[4], wh[4] = {};
 #pragma unroll
@@ -205,12 +208,16 @@ __device__ __forceinline__ void q23_gemv(const LinearParams& p) {
   store_rows(p, acc, row0, lane);
 }
 
-template <GgmlType kType>
+template <GgmlType kType, int kRows>
+__device__ __forceinline__ void gemv(const LinearParams& p) {
+  if constexpr (kType == GgmlType::kQ4_K) q4k_gemv<kRows>(p);
+  else if constexpr (kType == GgmlType::kQ6_K) q6k_gemv<kRows>(p);
+  else q23_gemv<kType, kRows>(p);
+}
+
+template <GgmlType kType, int kRows>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant__ Batch b) {
-  const LinearParams& p = b.p[blockIdx.y];
-  if constexpr (kType == GgmlType::kQ4_K) q4k_gemv(p);
-  else if constexpr (kType == GgmlType::kQ6_K) q6k_gemv(p);
-  else q23_gemv<kType>(p);
+  gemv<kType, kRows>(b.p[blockIdx.y]);
 }
 
 // Experts chosen on the device: product k uses expert ids[k]'s rows.
@@ -220,16 +227,35 @@ struct ExpertBatch {
   int64_t expert_bytes, x_stride, y_stride;
 };
 
-template <GgmlType kType>
+template <GgmlType kType, int kRows>
 __global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(const __grid_constant__ ExpertBatch b) {
   LinearParams p = b.p;
   p.w += static_cast<int64_t>(b.ids[blockIdx.y]) * b.expert_bytes;
   p.x += blockIdx.y * b.x_stride;
   p.y += blockIdx.y * b.y_stride;
-  if constexpr (kType == GgmlType::kQ4_K) q4k_gemv(p);
-  else if constexpr (kType == GgmlType::kQ6_K) q6k_gemv(p);
-  else q23_gemv<kType>(p);
+  gemv<kType, kRows>(p);
 }
+
+// Launches kernel<kType, kRows> for the rows-per-warp the launch's size asks for.
+template <template <GgmlType, int> class K, GgmlType kType, typename Arg>
+Status launch_rows(int64_t rows, int n, cudaStream_t stream, const Arg& arg) {
+  const int64_t total = rows * n;
+  const int r = total >= kRowsFor4 ? 4 : total >= kRowsFor2 ? 2 : 1;
+  const cuda::LaunchParams lp{dim3(static_cast<unsigned>((rows + kWarps * r - 1) / (kWarps * r)), static_cast<unsigned>(n)),
+                              dim3(kWarps * 32), 0, stream};
+  if (r == 4) return cuda::launch(K<kType, 4>::fn, lp, arg);
+  if (r == 2) return cuda::launch(K<kType, 2>::fn, lp, arg);
+  return cuda::launch(K<kType, 1>::fn, lp, arg);
+}
+
+template <GgmlType kType, int kRows>
+struct GemvK {
+  static constexpr auto fn = gemv_kernel<kType, kRows>;
+};
+template <GgmlType kType, int kRows>
+struct ExpertK {
+  static constexpr auto fn = expert_gemv_kernel<kType, kRows>;
+};
 
 }  // namespace
 
@@ -253,14 +279,12 @@ bool decode_gemv_applies(GgmlType type, const LinearParams* p, int n) {
 Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams* p, int n) {
   Batch b{};
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
-  const cuda::LaunchParams lp{dim3(static_cast<unsigned>((p[0].rows + kWarps * kRows - 1) / (kWarps * kRows)),
-                                   static_cast<unsigned>(n)),
-                              dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)};
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   switch (type) {
-    case GgmlType::kQ2_K: return cuda::launch(gemv_kernel<GgmlType::kQ2_K>, lp, b);
-    case GgmlType::kQ3_K: return cuda::launch(gemv_kernel<GgmlType::kQ3_K>, lp, b);
-    case GgmlType::kQ4_K: return cuda::launch(gemv_kernel<GgmlType::kQ4_K>, lp, b);
-    case GgmlType::kQ6_K: return cuda::launch(gemv_kernel<GgmlType::kQ6_K>, lp, b);
+    case GgmlType::kQ2_K: return launch_rows<GemvK, GgmlType::kQ2_K>(p[0].rows, n, st, b);
+    case GgmlType::kQ3_K: return launch_rows<GemvK, GgmlType::kQ3_K>(p[0].rows, n, st, b);
+    case GgmlType::kQ4_K: return launch_rows<GemvK, GgmlType::kQ4_K>(p[0].rows, n, st, b);
+    case GgmlType::kQ6_K: return launch_rows<GemvK, GgmlType::kQ6_K>(p[0].rows, n, st, b);
     default: return absl::InternalError("launch_decode_gemv: unsupported type");
   }
 }
@@ -294,14 +318,12 @@ Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_b
   if (!decode_gemv_applies(w.type, &b.p, 1) || expert_bytes % static_cast<int64_t>(w_align) != 0 || x_stride % 4 != 0) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_cuda: no decode GEMV for ", t.name, " at this alignment"));
   }
-  const cuda::LaunchParams lp{dim3(static_cast<unsigned>((w.rows + kWarps * kRows - 1) / (kWarps * kRows)),
-                                   static_cast<unsigned>(n)),
-                              dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)};
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   switch (w.type) {
-    case GgmlType::kQ2_K: return cuda::launch(expert_gemv_kernel<GgmlType::kQ2_K>, lp, b);
-    case GgmlType::kQ3_K: return cuda::launch(expert_gemv_kernel<GgmlType::kQ3_K>, lp, b);
-    case GgmlType::kQ4_K: return cuda::launch(expert_gemv_kernel<GgmlType::kQ4_K>, lp, b);
-    default: return cuda::launch(expert_gemv_kernel<GgmlType::kQ6_K>, lp, b);
+    case GgmlType::kQ2_K: return launch_rows<ExpertK, GgmlType::kQ2_K>(w.rows, n, st, b);
+    case GgmlType::kQ3_K: return launch_rows<ExpertK, GgmlType::kQ3_K>(w.rows, n, st, b);
+    case GgmlType::kQ4_K: return launch_rows<ExpertK, GgmlType::kQ4_K>(w.rows, n, st, b);
+    default: return launch_rows<ExpertK, GgmlType::kQ6_K>(w.rows, n, st, b);
   }
 }
 

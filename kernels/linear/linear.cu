@@ -51,6 +51,42 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
   }
 }
 
+// Few rows (a router, the indexer's head weights): a whole block per row, so the row's values
+// are spread over kWideThreads threads instead of one warp; per-token block reduction.
+constexpr int kWideThreads = 256;
+constexpr int64_t kWideRows = 1024;  // below this many rows a warp per row leaves the GPU idle
+
+template <GgmlType kType>
+__global__ void __launch_bounds__(kWideThreads) linear_wide_kernel(LinearParams p) {
+  __shared__ float part[kTok][kWideThreads / 32];
+  const int64_t row = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint8_t* wr = p.w + row * p.row_bytes;
+  for (int64_t t0 = 0; t0 < p.n_tok; t0 += kTok) {
+    const int nt = p.n_tok - t0 < kTok ? static_cast<int>(p.n_tok - t0) : kTok;
+    float acc[kTok] = {};
+    for (int64_t i = threadIdx.x; i < p.cols; i += kWideThreads) {
+      const float v = block_value<kType>(wr + (i / p.block_elems) * p.block_bytes, static_cast<int>(i % p.block_elems));
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        if (t < nt) acc[t] += v * p.x[(t0 + t) * p.cols + i];
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) {
+      for (int off = 16; off > 0; off >>= 1) acc[t] += __shfl_down_sync(0xffffffffu, acc[t], off);
+      if (lane == 0) part[t][warp] = acc[t];
+    }
+    __syncthreads();
+    if (threadIdx.x < nt) {
+      float sum = 0.0f;
+      for (int w = 0; w < kWideThreads / 32; ++w) sum += part[threadIdx.x][w];
+      p.y[(t0 + threadIdx.x) * p.rows + row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(sum)) : sum;
+    }
+    __syncthreads();
+  }
+}
+
 // Q2_K / Q3_K rows (the expert matrices): a lane takes one 16-value sub-block per step, so a
 // warp covers two 256-value super-blocks; the lane loads its 16 code bytes as 4 words, its
 // 16 activations as 4 float4, and forms sum x*q and sum x once per sub-block:
@@ -194,6 +230,10 @@ Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   if constexpr (kType == GgmlType::kQ4_K) {
     // Word loads of the code bytes need a 4-byte aligned W (144-byte blocks keep it).
     if (reinterpret_cast<uintptr_t>(p.w) % 4 == 0 && p.row_bytes % 4 == 0) return cuda::launch(linear_sub_kernel<kType>, lp, p);
+  }
+  if (p.rows < kWideRows) {
+    return cuda::launch(linear_wide_kernel<kType>,
+                        cuda::LaunchParams{dim3(static_cast<unsigned>(p.rows)), dim3(kWideThreads), 0, lp.stream}, p);
   }
   return cuda::launch(linear_kernel<kType>, lp, p);
 }

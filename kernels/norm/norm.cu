@@ -9,9 +9,9 @@
 namespace dsflash::kernels {
 namespace {
 
-constexpr int kThreads = 256;
-
-__global__ void rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n, float eps,
+// Threads per row: 1024 for wide rows (a decode step's rows are alone on the GPU), else 256.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n, float eps,
                                 float* __restrict__ y) {
   const float* xr = x + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
@@ -30,11 +30,10 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, const float* __rest
 Status rms_norm_cuda(const ExecCtx& ctx, const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y) {
   if (n_rows <= 0 || n <= 0) return absl::OkStatus();
   if (n_rows > 0x7fffffff) return absl::InvalidArgumentError(absl::StrCat("rms_norm_cuda: ", n_rows, " rows"));
-  RETURN_IF_ERROR(cuda::launch(rms_norm_kernel,
-                               cuda::LaunchParams{dim3(static_cast<unsigned>(n_rows)), dim3(kThreads), 0,
-                                                  static_cast<cudaStream_t>(ctx.cuda_stream)},
-                               x, w, n, eps, y));
-  return absl::OkStatus();
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const dim3 grid(static_cast<unsigned>(n_rows));
+  if (n >= 2048) return cuda::launch(rms_norm_kernel<1024>, cuda::LaunchParams{grid, dim3(1024), 0, st}, x, w, n, eps, y);
+  return cuda::launch(rms_norm_kernel<256>, cuda::LaunchParams{grid, dim3(256), 0, st}, x, w, n, eps, y);
 }
 
 }  // namespace dsflash::kernels

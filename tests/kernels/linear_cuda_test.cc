@@ -31,7 +31,7 @@ TEST_P(LinearCuda, MatchesCpu) {
   std::mt19937 rng(77 + static_cast<int>(type));
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int64_t K : {256, 2048}) {
-    for (int64_t N : {1, 17, 257}) {
+    for (int64_t N : {1, 17, 257, 1031}) {  // below and above the block-per-row threshold (1024 rows)
       for (int64_t T : {1, 5}) {
         std::vector<float> wf(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * T));
         for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));

@@ -285,28 +285,31 @@ TEST_F(ModelOpsCuda, EngramGateAndSplitMatchCpu) {
   hs.check("engram gate_update h");
   std::printf("engram gates: max |gpu - cpu| %.2e\n", worst_gate);
   EXPECT_LT(worst_gate, 1e-5);
-  // Sinkhorn split from the same mixes: the same code on both sides, fp32 rounding apart.
-  const int C = 4, M = (2 + C) * C, S = 33;
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> m(static_cast<size_t>(S * M)), base(M);
-  for (float& v : m) v = nd(rng);
-  for (float& v : base) v = 0.3f * nd(rng);
-  const std::vector<float> scale = {0.8f, 1.1f, 0.9f};
-  float *dpre = dev(nan_vec(S * C)), *dpost = dev(nan_vec(S * C)), *dcomb = dev(nan_vec(S * C * C));
-  ASSERT_TRUE(hc::split_cuda(ctx(), dev(m), dev(scale), dev(base), C, S, 20, 1e-6f, dpre, dpost, dcomb).ok());
-  sync();
-  const std::vector<float> gpre = to_host(dpre, S * C), gpost = to_host(dpost, S * C), gcomb = to_host(dcomb, S * C * C);
-  double worst = 0;
-  for (int t = 0; t < S; ++t) {
-    const hc::Split sp = hc::split(&m[t * M], scale.data(), base.data(), C, 20, 1e-6f);
-    for (int i = 0; i < C; ++i) {
-      auto rel = [](float got, float want) { return std::fabs(static_cast<double>(got) - want) / std::fabs(want); };
-      worst = std::max({worst, rel(gpre[t * C + i], sp.pre[i]), rel(gpost[t * C + i], sp.post[i])});
-      for (int j = 0; j < C; ++j) worst = std::max(worst, rel(gcomb[(t * C + i) * C + j], sp.comb[i][j]));
+  // Sinkhorn split from the same mixes: the same math on both sides, fp32 rounding apart (C = 4:
+  // the warp-per-token kernel; C = 6: one thread per token).
+  for (const int C : {4, 6}) {
+    const int M = (2 + C) * C, S = 33;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> m(static_cast<size_t>(S * M)), base(M);
+    for (float& v : m) v = nd(rng);
+    for (float& v : base) v = 0.3f * nd(rng);
+    const std::vector<float> scale = {0.8f, 1.1f, 0.9f};
+    float *dpre = dev(nan_vec(S * C)), *dpost = dev(nan_vec(S * C)), *dcomb = dev(nan_vec(S * C * C));
+    ASSERT_TRUE(hc::split_cuda(ctx(), dev(m), dev(scale), dev(base), C, S, 20, 1e-6f, dpre, dpost, dcomb).ok());
+    sync();
+    const std::vector<float> gpre = to_host(dpre, S * C), gpost = to_host(dpost, S * C), gcomb = to_host(dcomb, S * C * C);
+    double worst = 0;
+    for (int t = 0; t < S; ++t) {
+      const hc::Split sp = hc::split(&m[t * M], scale.data(), base.data(), C, 20, 1e-6f);
+      for (int i = 0; i < C; ++i) {
+        auto rel = [](float got, float want) { return std::fabs(static_cast<double>(got) - want) / std::fabs(want); };
+        worst = std::max({worst, rel(gpre[t * C + i], sp.pre[i]), rel(gpost[t * C + i], sp.post[i])});
+        for (int j = 0; j < C; ++j) worst = std::max(worst, rel(gcomb[(t * C + i) * C + j], sp.comb[i][j]));
+      }
     }
+    std::printf("hc split, C = %d: %d tokens, max relative difference %.2e\n", C, S, worst);
+    EXPECT_LT(worst, 1e-5);
   }
-  std::printf("hc split: %d tokens, max relative difference %.2e\n", S, worst);
-  EXPECT_LT(worst, 1e-5);
 }
 
 // Embedding and Engram rows of the golden model, gathered on the device: bit-exact.
