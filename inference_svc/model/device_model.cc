@@ -257,9 +257,12 @@ Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float*
   RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, token_embd_.type, token_embd_.data, token_embd_.cols,
                                                      token_embd_.row_bytes, token_embd_.rows, ids, S, true,
                                                      row.get()));
-  ASSIGN_OR_RETURN(auto h, DevBuf<float>::make(ctx, S * C * D));
+  // The streams: each sub-layer's expansion writes the other buffer (its residual input stays).
+  ASSIGN_OR_RETURN(auto h_a, DevBuf<float>::make(ctx, S * C * D));
+  ASSIGN_OR_RETURN(auto h_b, DevBuf<float>::make(ctx, S * C * D));
+  float *h = h_a.get(), *h_alt = h_b.get();
   for (int64_t c = 0; c < C; ++c) {
-    RETURN_IF_ERROR(kernels::copy_2d(ctx, h.get() + c * D, C * D * sizeof(float), row.get(), D * sizeof(float),
+    RETURN_IF_ERROR(kernels::copy_2d(ctx, h + c * D, C * D * sizeof(float), row.get(), D * sizeof(float),
                                      D * sizeof(float), S));
   }
   ASSIGN_OR_RETURN(auto pre_mix, DevBuf<float>::make(ctx, S * C));
@@ -275,23 +278,23 @@ Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float*
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
     if (cfg_.layers[l].has_engram) {
       Phase phase(*this, ctx, "engram");
-      RETURN_IF_ERROR(engram(static_cast<int>(l), call, h.get()));
+      RETURN_IF_ERROR(engram(static_cast<int>(l), call, h));
     }
-    RETURN_IF_ERROR(block(static_cast<int>(l), call, h.get(), pre_mix, spare_pre));
+    RETURN_IF_ERROR(block(static_cast<int>(l), call, h, h_alt, pre_mix, spare_pre));
   }
   Phase phase(*this, ctx, "head");
-  return head(call, h.get(), pre_mix.get(), all_logits, out);
+  return head(call, h, pre_mix.get(), all_logits, out);
 }
 
 // One block (model.cc Model::block): each sub-layer collapses the streams with the previous
-// sub-layer's pre coefficients and expands back with its own; pre buffers alternate.
-Status DeviceModel::block(int l, Call& call, float* h, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre) const {
+// sub-layer's pre coefficients and expands back with its own; pre buffers alternate, and so do
+// the stream buffers (the expansion reads h as its residual and writes h_alt).
+Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix,
+                          DevBuf<float>& spare_pre) const {
   const Layer& w = layers_[l];
   const ExecCtx& ctx = call.ctx;
   const int C = static_cast<int>(cfg_.hc_mult);
-  const int64_t D = cfg_.n_embd, S = call.S, M = cfg_.hc_mix();
-  ASSIGN_OR_RETURN(auto res, DevBuf<float>::make(ctx, S * C * D));
-  ASSIGN_OR_RETURN(auto mix, DevBuf<float>::make(ctx, S * M));
+  const int64_t D = cfg_.n_embd, S = call.S;
   ASSIGN_OR_RETURN(auto post, DevBuf<float>::make(ctx, S * C));
   ASSIGN_OR_RETURN(auto comb, DevBuf<float>::make(ctx, S * C * C));
   ASSIGN_OR_RETURN(auto x, DevBuf<float>::make(ctx, S * D));
@@ -299,17 +302,16 @@ Status DeviceModel::block(int l, Call& call, float* h, DevBuf<float>& pre_mix, D
   auto sublayer = [&](const Layer::Hc& hw, const float* norm, const float* in_pre, float* out_pre,
                       auto&& body) -> Status {
     std::optional<Phase> hc_phase(std::in_place, *this, ctx, "hc_pre_norm");
-    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, res.get(), h, S * C * D * sizeof(float)));
-    RETURN_IF_ERROR(kernels::hc::mixes_cuda(ctx, h, hw.fn, C, D, S, cfg_.norm_eps, mix.get()));
-    RETURN_IF_ERROR(kernels::hc::split_cuda(ctx, mix.get(), hw.scale, hw.base, C, S,
-                                            static_cast<int>(cfg_.hc_sinkhorn_iters), cfg_.hc_eps, out_pre, post.get(),
-                                            comb.get()));
-    RETURN_IF_ERROR(kernels::hc::pre_cuda(ctx, h, in_pre, C, D, S, x.get()));
-    RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, x.get(), norm, S, D, cfg_.norm_eps, x.get()));
+    RETURN_IF_ERROR(kernels::hc::mixes_split_cuda(ctx, h, hw.fn, hw.scale, hw.base, C, D, S, cfg_.norm_eps,
+                                                  static_cast<int>(cfg_.hc_sinkhorn_iters), cfg_.hc_eps, out_pre,
+                                                  post.get(), comb.get()));
+    RETURN_IF_ERROR(kernels::hc::pre_norm_cuda(ctx, h, in_pre, C, D, S, norm, cfg_.norm_eps, x.get()));
     hc_phase.reset();
     RETURN_IF_ERROR(body());
     Phase post_phase(*this, ctx, "hc_post");
-    return kernels::hc::post_cuda(ctx, y.get(), res.get(), post.get(), comb.get(), C, D, S, h);
+    RETURN_IF_ERROR(kernels::hc::post_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, h_alt));
+    std::swap(h, h_alt);
+    return absl::OkStatus();
   };
   RETURN_IF_ERROR(sublayer(w.hc_attn, w.attn_norm, pre_mix.get(), spare_pre.get(),
                            [&] {
@@ -330,8 +332,8 @@ Status DeviceModel::head(Call& call, const float* h, const float* pre_mix, bool 
   const int64_t D = cfg_.n_embd, S = call.S;
   const int64_t first = all_logits ? 0 : S - 1, n = S - first;
   ASSIGN_OR_RETURN(auto x, DevBuf<float>::make(ctx, n * D));
-  RETURN_IF_ERROR(kernels::hc::pre_cuda(ctx, h + first * C * D, pre_mix + first * C, C, D, n, x.get()));
-  RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, x.get(), output_norm_, n, D, cfg_.norm_eps, x.get()));
+  RETURN_IF_ERROR(kernels::hc::pre_norm_cuda(ctx, h + first * C * D, pre_mix + first * C, C, D, n, output_norm_,
+                                             cfg_.norm_eps, x.get()));
   return dev_linear(ctx, output_, x.get(), n, out, kernels::OutRound::kF32);
 }
 

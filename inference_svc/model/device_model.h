@@ -161,7 +161,7 @@ class DeviceModel {
   // Engram row ids of every Engram layer for the call's tokens ([engram layer][S][cols]),
   // hashed on the host from the compressed ids and checked against the tables.
   StatusOr<std::vector<int64_t>> engram_ids(const Sequence& seq, int64_t pos0, int64_t S) const;
-  Status block(int l, Call& call, float* h, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre) const;
+  Status block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre) const;
   Status attention(int l, Call& call, const float* x, float* y) const;
   Status compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const;
   StatusOr<DevBuf<float>> compress(int l, Call& call, const float* x, int64_t* n_new) const;

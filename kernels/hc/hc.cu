@@ -59,12 +59,11 @@ __global__ void split_kernel(const float* __restrict__ m, const float* __restric
 // the row and column sums of the Sinkhorn passes are gathered by shuffles and added in the
 // order split_token adds them, so each pass costs C shuffles, C adds and one division per
 // lane instead of C * C of each on one thread.
-__global__ void split_warp_kernel(const float* __restrict__ m, const float* __restrict__ scale,
-                                  const float* __restrict__ base, int C, int64_t S, int iters, float eps,
-                                  float* __restrict__ pre, float* __restrict__ post, float* __restrict__ comb) {
-  const int64_t t = blockIdx.x;
-  const int lane = threadIdx.x, M = (2 + C) * C;
-  const float* mt = m + t * M;
+__device__ __forceinline__ void split_warp(const float* mt, const float* __restrict__ scale,
+                                           const float* __restrict__ base, int C, int64_t t, int iters, float eps,
+                                           float* __restrict__ pre, float* __restrict__ post,
+                                           float* __restrict__ comb) {
+  const int lane = threadIdx.x & 31;
   if (lane < C) {
     pre[t * C + lane] = 1.0f / (1.0f + expf(-(mt[lane] * scale[0] + base[lane]))) + eps;
     post[t * C + lane] = 2.0f * (1.0f / (1.0f + expf(-(mt[C + lane] * scale[1] + base[C + lane]))));
@@ -86,6 +85,58 @@ __global__ void split_warp_kernel(const float* __restrict__ m, const float* __re
     v = v / (sum + eps);
   }
   if (live) comb[t * C * C + lane] = v;
+}
+
+__global__ void split_warp_kernel(const float* __restrict__ m, const float* __restrict__ scale,
+                                  const float* __restrict__ base, int C, int64_t S, int iters, float eps,
+                                  float* __restrict__ pre, float* __restrict__ post, float* __restrict__ comb) {
+  const int64_t t = blockIdx.x;
+  split_warp(m + t * (2 + C) * C, scale, base, C, t, iters, eps, pre, post, comb);
+}
+
+// mixes_finish_kernel and split_warp_kernel in one warp per token (M <= 32): lane k finishes
+// mix k, the warp splits them.
+__global__ void finish_split_kernel(const float* __restrict__ part_dot, const float* __restrict__ part_ss, int64_t n,
+                                    int P, float norm_eps, const float* __restrict__ scale,
+                                    const float* __restrict__ base, int C, int iters, float eps,
+                                    float* __restrict__ pre, float* __restrict__ post, float* __restrict__ comb) {
+  __shared__ float mt[32];
+  const int64_t t = blockIdx.x;
+  const int lane = threadIdx.x, M = (2 + C) * C;
+  if (lane < M) {
+    float ss = 0.0f, acc = 0.0f;
+    for (int p = 0; p < P; ++p) {
+      ss += part_ss[t * P + p];
+      acc += part_dot[(t * M + lane) * P + p];
+    }
+    mt[lane] = acc * (1.0f / sqrtf(ss / static_cast<float>(n) + norm_eps));
+  }
+  __syncwarp();
+  split_warp(mt, scale, base, C, t, iters, eps, pre, post, comb);
+}
+
+// pre_kernel then the RMSNorm (norm.cu's kernel: same per-thread order, same block sum) in one
+// block per token: y = bf16(norm_w * (x * rsqrt(mean(x^2) + eps))), x = bf16(sum_c w[c] h[c]).
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) pre_norm_kernel(const float* __restrict__ h, const float* __restrict__ w,
+                                                            int C, int64_t D, const float* __restrict__ norm_w,
+                                                            float eps, float* __restrict__ y) {
+  __shared__ float part[kThreads / 32];
+  const int64_t t = blockIdx.x;
+  float* yt = y + t * D;
+  float ss = 0.0f;
+  for (int64_t d = threadIdx.x; d < D; d += kThreads) {
+    float acc = 0.0f;
+    for (int c = 0; c < C; ++c) acc = __fadd_rn(acc, __fmul_rn(w[t * C + c], h[(t * C + c) * D + d]));
+    const float x = __bfloat162float(__float2bfloat16_rn(acc));
+    yt[d] = x;
+    ss = fmaf(x, x, ss);
+  }
+  ss = cuda::block_sum<kThreads>(ss, part);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
+  for (int64_t d = threadIdx.x; d < D; d += kThreads) {
+    yt[d] = __bfloat162float(__float2bfloat16_rn(norm_w[d] * (yt[d] * inv)));
+  }
 }
 
 __global__ void pre_kernel(const float* __restrict__ h, const float* __restrict__ w, int C, int64_t D, int64_t S,
@@ -138,6 +189,50 @@ Status mixes_cuda(const ExecCtx& ctx, const float* h, const float* fn, int C, in
   }();
   cudaFreeAsync(part, st);
   return s;
+}
+
+Status mixes_split_cuda(const ExecCtx& ctx, const float* h, const float* fn, const float* scale, const float* base,
+                        int C, int64_t D, int64_t S, float norm_eps, int iters, float hc_eps, float* pre, float* post,
+                        float* comb) {
+  if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+  const int M = (2 + C) * C;
+  cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  if (M > 32) {  // no warp per token: the two ops
+    float* m = nullptr;
+    CUDA_RETURN_IF_ERROR(cudaMallocAsync(&m, static_cast<size_t>(S) * M * sizeof(float), st));
+    Status s = mixes_cuda(ctx, h, fn, C, D, S, norm_eps, m);
+    if (s.ok()) s = split_cuda(ctx, m, scale, base, C, S, iters, hc_eps, pre, post, comb);
+    cudaFreeAsync(m, st);
+    return s;
+  }
+  const int64_t n = static_cast<int64_t>(C) * D;
+  const int P = static_cast<int>(std::min<int64_t>(32, (n + 2047) / 2048));
+  const int64_t chunk = (n + P - 1) / P;
+  float* part = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&part, static_cast<size_t>(S) * (M + 1) * P * sizeof(float), st));
+  float* part_ss = part + S * M * P;
+  const Status s = [&]() -> Status {
+    RETURN_IF_ERROR(cuda::launch(
+        mixes_partial_kernel,
+        cuda::LaunchParams{dim3(static_cast<unsigned>(M), static_cast<unsigned>(S), static_cast<unsigned>(P)),
+                           dim3(kThreads), 0, st},
+        h, fn, n, M, chunk, part, part_ss));
+    return cuda::launch(finish_split_kernel, cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), 0, st}, part,
+                        part_ss, n, P, norm_eps, scale, base, C, iters, hc_eps, pre, post, comb);
+  }();
+  cudaFreeAsync(part, st);
+  return s;
+}
+
+Status pre_norm_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, int64_t D, int64_t S,
+                     const float* norm_w, float norm_eps, float* y) {
+  if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const dim3 grid(static_cast<unsigned>(S));
+  if (D >= 2048) {
+    return cuda::launch(pre_norm_kernel<1024>, cuda::LaunchParams{grid, dim3(1024), 0, st}, h, w, C, D, norm_w, norm_eps, y);
+  }
+  return cuda::launch(pre_norm_kernel<256>, cuda::LaunchParams{grid, dim3(256), 0, st}, h, w, C, D, norm_w, norm_eps, y);
 }
 
 Status split_cuda(const ExecCtx& ctx, const float* m, const float* scale, const float* base, int C, int64_t S, int iters,

@@ -1,7 +1,7 @@
 // Hyper-connection ops on the CUDA backend (host-only header), for S tokens at once, device
 // pointers, on ctx.cuda_stream. pre and post are bit-exact with kernels::hc (same summation
 // order, no FMA contraction); mixes reduces in a tree (fp32 results agree to rounding).
-// split runs the same code as the CPU (split_math.h), one thread per token.
+// split runs the CPU's order of operations (split_math.h; a warp per token when C * C <= 32).
 #pragma once
 
 #include "common/status.h"
@@ -18,6 +18,14 @@ Status split_cuda(const ExecCtx& ctx, const float* m, const float* scale, const 
                   float hc_eps, float* pre, float* post, float* comb);
 // y[S][D] = bf16(sum_c w[t][c] h[t][c][:]), w [S][C].
 Status pre_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, int64_t D, int64_t S, float* y);
+// Fused forms for a sub-layer (the same results as the ops they join):
+// split_cuda of mixes_cuda, without the mixes leaving the GPU's registers (two launches);
+Status mixes_split_cuda(const ExecCtx& ctx, const float* h, const float* fn, const float* scale, const float* base,
+                        int C, int64_t D, int64_t S, float norm_eps, int iters, float hc_eps, float* pre, float* post,
+                        float* comb);
+// rms_norm_cuda(pre_cuda(h, w), norm_w) in one launch (y [S][D]).
+Status pre_norm_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, int64_t D, int64_t S,
+                     const float* norm_w, float norm_eps, float* y);
 // y[S][C][D] = bf16(post[t][j] x[t] + sum_i comb[t][i][j] res[t][i]), post [S][C], comb [S][C][C].
 Status post_cuda(const ExecCtx& ctx, const float* x, const float* res, const float* post, const float* comb, int C,
                  int64_t D, int64_t S, float* y);

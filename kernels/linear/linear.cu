@@ -31,6 +31,20 @@ __device__ __forceinline__ void store_row(const LinearParams& p, float (&acc)[kT
   }
 }
 
+// Value i of a row: plain float types read directly; block types find their block with 32-bit
+// division (rows are shorter than 2^31 values).
+template <GgmlType kType>
+__device__ __forceinline__ float value_at(const uint8_t* wr, int64_t i, const LinearParams& p) {
+  if constexpr (kType == GgmlType::kF32) {
+    return reinterpret_cast<const float*>(wr)[i];
+  } else if constexpr (kType == GgmlType::kF16 || kType == GgmlType::kBF16) {
+    return block_value<kType>(wr + 2 * i, 0);
+  } else {
+    const int k = static_cast<int>(i);
+    return block_value<kType>(wr + (k / p.block_elems) * p.block_bytes, k % p.block_elems);
+  }
+}
+
 template <GgmlType kType>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
   const int lane = threadIdx.x & 31;
@@ -41,7 +55,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
     const int nt = p.n_tok - t0 < kTok ? static_cast<int>(p.n_tok - t0) : kTok;
     float acc[kTok] = {};
     for (int64_t i = lane; i < p.cols; i += 32) {
-      const float v = block_value<kType>(wr + (i / p.block_elems) * p.block_bytes, static_cast<int>(i % p.block_elems));
+      const float v = value_at<kType>(wr, i, p);
 #pragma unroll
       for (int t = 0; t < kTok; ++t) {
         if (t < nt) acc[t] += v * p.x[(t0 + t) * p.cols + i];
@@ -66,7 +80,7 @@ __global__ void __launch_bounds__(kWideThreads) linear_wide_kernel(LinearParams 
     const int nt = p.n_tok - t0 < kTok ? static_cast<int>(p.n_tok - t0) : kTok;
     float acc[kTok] = {};
     for (int64_t i = threadIdx.x; i < p.cols; i += kWideThreads) {
-      const float v = block_value<kType>(wr + (i / p.block_elems) * p.block_bytes, static_cast<int>(i % p.block_elems));
+      const float v = value_at<kType>(wr, i, p);
 #pragma unroll
       for (int t = 0; t < kTok; ++t) {
         if (t < nt) acc[t] += v * p.x[(t0 + t) * p.cols + i];

@@ -30,7 +30,7 @@ TEST_P(LinearCuda, MatchesCpu) {
   const GgmlType type = GetParam();
   std::mt19937 rng(77 + static_cast<int>(type));
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int64_t K : {256, 2048}) {
+  for (int64_t K : {256, 2048, 4096}) {  // 2048, 4096: Q4_K / Q6_K columns split over warps
     for (int64_t N : {1, 17, 257, 1031}) {  // below and above the block-per-row threshold (1024 rows)
       for (int64_t T : {1, 5}) {
         std::vector<float> wf(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * T));
@@ -117,7 +117,7 @@ TEST_P(LinearCuda, BatchMatchesCpu) {
 // Experts picked on the device: product k = expert ids[k] (a slice of one merged tensor) on x_k.
 TEST_P(LinearCuda, ExpertsPickedOnTheDeviceMatchCpu) {
   const GgmlType type = GetParam();
-  const int64_t K = 512, N = 64, E = 5;
+  const int64_t K = 4096, N = 64, E = 5;  // Q4_K / Q6_K: columns split over warps
   const uint64_t rb = *quant::row_bytes(type, K);
   std::vector<uint8_t> bytes(rb * N * E);
   if (!linear_experts_supported(Weight{type, K, N, reinterpret_cast<const uint8_t*>(uintptr_t{256}), rb},

@@ -239,5 +239,49 @@ TEST_F(OpsCuda, QdqIsBitExact) {
   }
 }
 
+// The fused sub-layer forms equal the ops they join (checked against the CPU above), bit for
+// bit: mixes + split (a warp per token for C = 4; the two ops for C = 6) and hc pre + RMSNorm
+// (256 and 1024 threads per row).
+TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const int C : {4, 6}) {
+    const int M = (2 + C) * C;
+    for (int64_t D : {17, 257, 5120}) {
+      for (int64_t S : {1, 3}) {
+        std::vector<float> h(static_cast<size_t>(S * C * D)), fn(static_cast<size_t>(M * C * D)), base(M), nw(D);
+        for (float& v : h) v = quant::round_bf16(nd(rng));
+        for (float& v : fn) v = nd(rng) / std::sqrt(static_cast<float>(C * D));
+        for (float& v : base) v = 0.3f * nd(rng);
+        for (float& v : nw) v = 1.0f + 0.1f * nd(rng);
+        const std::vector<float> scale = {0.8f, 1.1f, 0.9f};
+        std::vector<float> w(static_cast<size_t>(S * C));
+        for (float& v : w) v = 0.5f + 0.2f * nd(rng);
+        const std::vector<float> nan_c(static_cast<size_t>(S * C), std::nanf("")), nan_cc(S * C * C, std::nanf(""));
+        const std::vector<float> nan_m(static_cast<size_t>(S * M), std::nanf("")), nan_d(S * D, std::nanf(""));
+        float *dh = dev(h), *dfn = dev(fn), *dbase = dev(base), *dscale = dev(scale), *dnw = dev(nw), *dw = dev(w);
+        float *m = dev(nan_m), *pre1 = dev(nan_c), *post1 = dev(nan_c), *comb1 = dev(nan_cc);
+        float *pre2 = dev(nan_c), *post2 = dev(nan_c), *comb2 = dev(nan_cc), *y1 = dev(nan_d), *y2 = dev(nan_d);
+        ASSERT_TRUE(hc::mixes_cuda(ctx(), dh, dfn, C, D, S, 1e-6f, m).ok());
+        ASSERT_TRUE(hc::split_cuda(ctx(), m, dscale, dbase, C, S, 20, 1e-6f, pre1, post1, comb1).ok());
+        ASSERT_TRUE(hc::mixes_split_cuda(ctx(), dh, dfn, dscale, dbase, C, D, S, 1e-6f, 20, 1e-6f, pre2, post2, comb2).ok());
+        ASSERT_TRUE(hc::pre_cuda(ctx(), dh, dw, C, D, S, y1).ok());
+        ASSERT_TRUE(rms_norm_cuda(ctx(), y1, dnw, S, D, 1e-6f, y1).ok());
+        ASSERT_TRUE(hc::pre_norm_cuda(ctx(), dh, dw, C, D, S, dnw, 1e-6f, y2).ok());
+        sync();
+        const std::string at = "C=" + std::to_string(C) + " D=" + std::to_string(D) + " S=" + std::to_string(S);
+        auto same = [&](const float* a, const float* b, size_t n, const char* what) {
+          const std::vector<float> x = to_host(a, n), y = to_host(b, n);
+          for (size_t i = 0; i < n; ++i) ASSERT_EQ(quant::f32_bits(x[i]), quant::f32_bits(y[i])) << what << " " << at << " [" << i << "]";
+        };
+        same(pre1, pre2, S * C, "pre");
+        same(post1, post2, S * C, "post");
+        same(comb1, comb2, S * C * C, "comb");
+        same(y1, y2, S * D, "pre + norm");
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsflash::kernels
