@@ -35,7 +35,7 @@ if [[ ${DSF_MODEL_BENCH:-0} == 1 ]]; then
   out/gpu/bin/dsflash bench --backend cuda --model "$perf" --label perf --prompt 512 --decode 64 \
     --runs "${DSF_BENCH_RUNS:-3}" --csv "$logs/bench.csv" >> "$logs/bench.log" 2>&1 || rc=1
   if [[ ${DSF_LONG_PREFILL:-0} == 1 ]]; then
-    out/gpu/bin/dsflash bench --backend cuda --model "$perf" --label perf --prompt 4096 --decode 8 --runs 1 \
+    out/gpu/bin/dsflash bench --backend cuda --model "$perf" --label perf --prompt 4096 --decode 8 --runs 1 --warmup 0 \
       --csv "$logs/bench.csv" >> "$logs/bench.log" 2>&1 || rc=1
   fi
   tail -40 "$logs/bench.log"

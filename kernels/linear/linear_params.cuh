@@ -11,7 +11,7 @@
 namespace dsflash::kernels {
 
 constexpr int kWarps = 8;  // warps per CUDA block (one row each in linear.cu)
-constexpr int kTok = 4;    // tokens per pass
+constexpr int kTok = 4;    // tokens per pass (16 measured no faster at prefill: 26.6 -> 27.4 tok/s)
 
 struct LinearParams {
   const uint8_t* w;  // [rows][row_bytes]

@@ -1,10 +1,12 @@
-// `dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--label L]
-//  [--backend cpu|cuda]`: prefill and decode throughput of one sequence (median of R runs),
+// `dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--warmup W] [--csv PATH]
+//  [--label L] [--backend cpu|cuda]`: prefill and decode throughput of one sequence (median of R
+// runs after W uncounted warm-up runs, default 1),
 // with the bytes-moved bound for decode, appended to bench/results.csv:
 //   date,commit,machine,benchmark,configuration,metric,value,unit
-// On the CUDA backend also: the median decode step, the device's measured copy bandwidth, the
-// fraction of the bound (bytes read per token / copy bandwidth) a step reaches, and a per-phase
-// breakdown from a further, synchronised (profiled) decode run.
+// On the CUDA backend also: the median decode step replayed from CUDA graphs and issued eagerly
+// (M further steps), the device's measured copy bandwidth, the fraction of the bound (bytes
+// read per token / copy bandwidth) the graph step reaches, a per-phase breakdown from a further,
+// synchronised (profiled) decode run and the GPU time per kernel of an eager run.
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,11 +65,11 @@ double decode_cache_bytes(const config::ModelConfig& c, int64_t pos) {
 
 // Per run: prefill, n_decode steps (graphs on the CUDA backend), then on the CUDA backend
 // n_decode further steps issued eagerly.
-StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, int runs, bool cuda) {
+StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, int runs, int warmup, bool cuda) {
   std::vector<double> pre, dec, steps, eager_steps;
   std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
   for (int64_t i = 0; i < n_prompt; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7919) % (m.config().n_vocab - 3));
-  for (int r = 0; r < runs + 1; ++r) {  // the first run warms caches and is not counted
+  for (int r = 0; r < runs + warmup; ++r) {  // warm-up runs (caches, allocator pools) are not counted
     auto seq = m.new_sequence();
     if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
     std::vector<float> logits;
@@ -92,7 +94,7 @@ StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, in
       m.set_decode_graphs(true);
       RETURN_IF_ERROR(s);
     }
-    if (r == 0) continue;
+    if (r < warmup) continue;
     pre.push_back(n_prompt / std::chrono::duration<double>(t1 - t0).count());
     dec.push_back(n_decode / std::chrono::duration<double>(t2 - t1).count());
     steps.insert(steps.end(), run_steps.begin(), run_steps.end());
@@ -139,35 +141,53 @@ StatusOr<std::map<std::string, double>> decode_profile(model::Model& m, int64_t 
   return p;
 }
 
-// GPU time per kernel over n_decode eager steps (events around every launch), per token,
-// longest first.
-StatusOr<std::vector<kernels::KernelTime>> decode_kernel_times(model::Model& m, int64_t n_prompt, int64_t n_decode) {
+// GPU time per kernel (events around every launch), longest first: of the prefill of
+// n_prompt tokens (per prefill) or, with n_decode > 0, of n_decode eager steps after it (per
+// token).
+StatusOr<std::vector<kernels::KernelTime>> kernel_times(model::Model& m, int64_t n_prompt, int64_t n_decode) {
   std::vector<int32_t> prompt(static_cast<size_t>(n_prompt), 5);
   auto seq = m.new_sequence();
   if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
   std::vector<float> logits;
-  RETURN_IF_ERROR(m.forward(*seq, prompt, false, &logits));
+  if (n_decode > 0) RETURN_IF_ERROR(m.forward(*seq, prompt, false, &logits));
   m.set_decode_graphs(false);
   kernels::set_kernel_timing(true);
-  Status s;
+  Status s = n_decode > 0 ? absl::OkStatus() : m.forward(*seq, prompt, false, &logits);
   for (int64_t i = 0; i < n_decode && s.ok(); ++i) s = m.forward(*seq, {7}, false, &logits);
   auto times = kernels::kernel_times();
   kernels::set_kernel_timing(false);
   m.set_decode_graphs(true);
   RETURN_IF_ERROR(s);
   if (!times.ok()) return times.status();
+  const int64_t per = std::max<int64_t>(n_decode, 1);
   for (auto& k : *times) {
-    k.ms /= static_cast<double>(n_decode);
-    k.launches /= n_decode;
+    k.ms /= static_cast<double>(per);
+    k.launches /= per;
   }
   return *times;
+}
+
+// Rows "<prefix>_kernels_total_ms" and "<prefix>_kernel_<name>_ms" for the longest `top`.
+void kernel_rows(const std::vector<kernels::KernelTime>& times, const std::string& prefix, const std::string& per,
+                 size_t top, std::vector<BenchRow>* rows) {
+  double total = 0;
+  for (const auto& k : times) total += k.ms;
+  rows->push_back({prefix + "_kernels_total_ms", total, "ms " + per + " (eager, GPU time of every kernel)"});
+  for (size_t i = 0; i < times.size() && i < top; ++i) {
+    std::string name = times[i].name;
+    for (char& c : name) c = c == ',' ? ';' : c == ' ' ? '_' : c;
+    rows->push_back({prefix + "_kernel_" + name + "_ms", times[i].ms,
+                     absl::StrCat("ms ", per, " (", times[i].launches, " launches)")});
+  }
 }
 
 Status run(const Args& a) {
   ASSIGN_OR_RETURN(const int64_t n_prompt, a.get_int("prompt", 64));
   ASSIGN_OR_RETURN(const int64_t n_decode, a.get_int("decode", 16));
   ASSIGN_OR_RETURN(const int64_t runs, a.get_int("runs", 3));
+  ASSIGN_OR_RETURN(const int64_t warmup, a.get_int("warmup", 1));
   if (n_prompt < 1 || n_decode < 1 || runs < 1) return absl::InvalidArgumentError("--prompt, --decode, --runs must be >= 1");
+  if (warmup < 0 || warmup > 10) return absl::InvalidArgumentError("--warmup must be 0..10");
   const std::string backend = a.get_or("backend", "cpu");
   if (backend != "cpu" && backend != "cuda") return absl::InvalidArgumentError("--backend must be cpu or cuda");
   const bool cuda = backend == "cuda";
@@ -180,11 +200,11 @@ Status run(const Args& a) {
     return absl::InvalidArgumentError("prompt + decode steps exceed the context");
   }
   const int64_t replays0 = m->decode_graph_replays();
-  ASSIGN_OR_RETURN(const Result r, measure(*m, n_prompt, n_decode, static_cast<int>(runs), cuda));
+  ASSIGN_OR_RETURN(const Result r, measure(*m, n_prompt, n_decode, static_cast<int>(runs), static_cast<int>(warmup), cuda));
   const int64_t replays = m->decode_graph_replays() - replays0;
   const double bytes = decode_bytes(*file, m->config());
   const std::string config = absl::StrCat(a.get_or("label", m->config().name), " prompt=", n_prompt, " decode=", n_decode,
-                                          " runs=", runs, " backend=", backend);
+                                          " runs=", runs, " warmup=", warmup, " backend=", backend);
   std::vector<BenchRow> rows = {{"prefill_tokens_per_s", r.prefill_tps, "tok/s"},
                                 {"decode_tokens_per_s", r.decode_tps, "tok/s"},
                                 {"decode_weight_bytes_per_token", bytes, "bytes"},
@@ -203,16 +223,12 @@ Status run(const Args& a) {
     rows.push_back({"decode_fraction_of_bound", bound_ms / r.step_ms, "ratio"});
     ASSIGN_OR_RETURN(const auto phases, decode_profile(*m, std::min<int64_t>(n_prompt, 64), std::min<int64_t>(n_decode, 16)));
     for (const auto& [name, ms] : phases) rows.push_back({"decode_phase_" + name + "_ms", ms, "ms (synchronised)"});
-    ASSIGN_OR_RETURN(const auto kernels,
-                     decode_kernel_times(*m, std::min<int64_t>(n_prompt, 64), std::min<int64_t>(n_decode, 16)));
-    double total = 0;
-    for (const auto& k : kernels) total += k.ms;
-    rows.push_back({"decode_kernels_total_ms", total, "ms per token (eager, GPU time of every kernel)"});
-    for (size_t i = 0; i < kernels.size() && i < 24; ++i) {
-      std::string name = kernels[i].name;
-      for (char& c : name) c = c == ',' ? ';' : c == ' ' ? '_' : c;
-      rows.push_back({"decode_kernel_" + name + "_ms", kernels[i].ms,
-                      absl::StrCat("ms per token (", kernels[i].launches, " launches)")});
+    ASSIGN_OR_RETURN(const auto decode_k,
+                     kernel_times(*m, std::min<int64_t>(n_prompt, 64), std::min<int64_t>(n_decode, 16)));
+    kernel_rows(decode_k, "decode", "per token", 24, &rows);
+    if (n_prompt <= 1024) {  // a further prefill of the prompt, timed per kernel
+      ASSIGN_OR_RETURN(const auto prefill_k, kernel_times(*m, n_prompt, 0));
+      kernel_rows(prefill_k, "prefill", absl::StrCat("per ", n_prompt, "-token prefill"), 16, &rows);
     }
   }
   RETURN_IF_ERROR(append_bench_rows(a.get_or("csv", "bench/results.csv"), cuda ? "cuda_forward" : "cpu_forward", config,
@@ -224,11 +240,11 @@ Status run(const Args& a) {
 }  // namespace
 
 int bench_main(const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {}, {"model", "prompt", "decode", "runs", "csv", "label", "backend"});
+  auto args = Args::parse(argv, {}, {"model", "prompt", "decode", "runs", "warmup", "csv", "label", "backend"});
   if (!args.ok() || !args->has("model")) {
     std::fprintf(stderr,
-                 "usage: dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--label L] "
-                 "[--backend cpu|cuda]\n");
+                 "usage: dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--warmup W] [--csv PATH] "
+                 "[--label L] [--backend cpu|cuda]\n");
     return 2;
   }
   return exit_code(run(*args));
