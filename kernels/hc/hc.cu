@@ -168,9 +168,14 @@ cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
 
 }  // namespace
 
-Status mixes_cuda(const ExecCtx& ctx, const float* h, const float* fn, int C, int64_t D, int64_t S, float norm_eps,
-                  float* m) {
-  if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+namespace {
+
+// The mixes' partial sums of S tokens (P partials per mix over the C*D values, sums of squares
+// with them) in stream-ordered scratch, then finish(part_dot, part_ss, n, P) on the same
+// stream; the scratch is released after it.
+template <typename Finish>
+Status with_mix_partials(const ExecCtx& ctx, const float* h, const float* fn, int C, int64_t D, int64_t S,
+                         const Finish& finish) {
   const int M = (2 + C) * C;
   const int64_t n = static_cast<int64_t>(C) * D;
   const int P = static_cast<int>(std::min<int64_t>(32, (n + 2047) / 2048));
@@ -185,10 +190,21 @@ Status mixes_cuda(const ExecCtx& ctx, const float* h, const float* fn, int C, in
         cuda::LaunchParams{dim3(static_cast<unsigned>(M), static_cast<unsigned>(S), static_cast<unsigned>(P)),
                            dim3(kThreads), 0, st},
         h, fn, n, M, chunk, part, part_ss));
-    return cuda::launch(mixes_finish_kernel, flat(ctx, S * M), part, part_ss, n, M, P, S, norm_eps, m);
+    return finish(part, part_ss, n, P);
   }();
   cudaFreeAsync(part, st);
   return s;
+}
+
+}  // namespace
+
+Status mixes_cuda(const ExecCtx& ctx, const float* h, const float* fn, int C, int64_t D, int64_t S, float norm_eps,
+                  float* m) {
+  if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+  const int M = (2 + C) * C;
+  return with_mix_partials(ctx, h, fn, C, D, S, [&](const float* part, const float* part_ss, int64_t n, int P) {
+    return cuda::launch(mixes_finish_kernel, flat(ctx, S * M), part, part_ss, n, M, P, S, norm_eps, m);
+  });
 }
 
 Status mixes_split_cuda(const ExecCtx& ctx, const float* h, const float* fn, const float* scale, const float* base,
@@ -200,28 +216,17 @@ Status mixes_split_cuda(const ExecCtx& ctx, const float* h, const float* fn, con
   if (M > 32) {  // no warp per token: the two ops
     float* m = nullptr;
     CUDA_RETURN_IF_ERROR(cudaMallocAsync(&m, static_cast<size_t>(S) * M * sizeof(float), st));
-    Status s = mixes_cuda(ctx, h, fn, C, D, S, norm_eps, m);
-    if (s.ok()) s = split_cuda(ctx, m, scale, base, C, S, iters, hc_eps, pre, post, comb);
+    const Status s = [&]() -> Status {
+      RETURN_IF_ERROR(mixes_cuda(ctx, h, fn, C, D, S, norm_eps, m));
+      return split_cuda(ctx, m, scale, base, C, S, iters, hc_eps, pre, post, comb);
+    }();
     cudaFreeAsync(m, st);
     return s;
   }
-  const int64_t n = static_cast<int64_t>(C) * D;
-  const int P = static_cast<int>(std::min<int64_t>(32, (n + 2047) / 2048));
-  const int64_t chunk = (n + P - 1) / P;
-  float* part = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&part, static_cast<size_t>(S) * (M + 1) * P * sizeof(float), st));
-  float* part_ss = part + S * M * P;
-  const Status s = [&]() -> Status {
-    RETURN_IF_ERROR(cuda::launch(
-        mixes_partial_kernel,
-        cuda::LaunchParams{dim3(static_cast<unsigned>(M), static_cast<unsigned>(S), static_cast<unsigned>(P)),
-                           dim3(kThreads), 0, st},
-        h, fn, n, M, chunk, part, part_ss));
+  return with_mix_partials(ctx, h, fn, C, D, S, [&](const float* part, const float* part_ss, int64_t n, int P) {
     return cuda::launch(finish_split_kernel, cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), 0, st}, part,
                         part_ss, n, P, norm_eps, scale, base, C, iters, hc_eps, pre, post, comb);
-  }();
-  cudaFreeAsync(part, st);
-  return s;
+  });
 }
 
 Status pre_norm_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, int64_t D, int64_t S,
