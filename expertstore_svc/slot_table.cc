@@ -1,6 +1,8 @@
 // Slot table operations (see slot_table.h for the protocol).
 #include "expertstore_svc/slot_table.h"
 
+#include <algorithm>
+#include <cmath>
 #include <new>
 #include <vector>
 
@@ -96,25 +98,47 @@ bool SlotTable::leased(uint32_t slot) const {
   return false;
 }
 
+void SlotTable::set_eviction(double oldest_fraction, uint64_t seed) {
+  oldest_fraction_ = std::clamp(oldest_fraction, 0.0, 1.0);
+  rng_ = seed;
+}
+
+uint64_t SlotTable::next_random() {  // splitmix64
+  uint64_t z = (rng_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
 std::optional<uint32_t> SlotTable::lock_victim(bool* evicted) {
   for (;;) {
-    // Empty slots first, then the unleased slot with the oldest use.
+    // Empty slots first, then by the eviction policy among the unleased slots.
     std::optional<uint32_t> best;
     uint64_t best_use = UINT64_MAX;
+    bool empty = false;
+    candidates_.clear();
     for (uint32_t i = 0; i < h_->n_slots; ++i) {
       const SlotEntry& s = slots_[i];
       if (s.locked.load(std::memory_order_acquire) != 0 || leased(i)) continue;
-      const bool empty = s.expert.load(std::memory_order_acquire) < 0;
-      const uint64_t use = empty ? 0
-                                 : std::max(leases_[i].last_use.load(std::memory_order_relaxed),
-                                            s.loaded_tick.load(std::memory_order_relaxed)) + 1;
+      if (s.expert.load(std::memory_order_acquire) < 0) {
+        best = i;
+        empty = true;
+        break;
+      }
+      const uint64_t use = std::max(leases_[i].last_use.load(std::memory_order_relaxed),
+                                    s.loaded_tick.load(std::memory_order_relaxed));
       if (use < best_use) {
         best_use = use;
         best = i;
-        if (empty) break;
       }
+      if (oldest_fraction_ > 0) candidates_.push_back({use, i});
     }
     if (!best) return std::nullopt;
+    if (!empty && candidates_.size() > 1) {
+      const size_t k = std::max<size_t>(1, static_cast<size_t>(std::ceil(oldest_fraction_ * candidates_.size())));
+      std::nth_element(candidates_.begin(), candidates_.begin() + static_cast<std::ptrdiff_t>(k - 1), candidates_.end());
+      best = candidates_[next_random() % k].second;
+    }
     SlotEntry& s = slots_[*best];
     uint32_t zero = 0;
     if (!s.locked.compare_exchange_strong(zero, 1, std::memory_order_seq_cst)) continue;

@@ -16,14 +16,17 @@
 // the slot (not locked, same expert, even generation); the store evicts by setting `locked`
 // and then reading every count of the slot, backing off if any is non-zero. Both sides write
 // then read with sequentially consistent atomics, so at least one of them sees the other: a
-// leased slot is never evicted or overwritten. Eviction takes the unleased slot with the
-// oldest use tick (LRU among unleased slots; clients write the tick on every hit).
+// leased slot is never evicted or overwritten. Eviction takes an empty slot, else the unleased
+// slot with the oldest use tick (LRU among unleased slots; clients write the tick on every
+// hit), or, with set_eviction(f), a random one among the oldest fraction f of them.
 #pragma once
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 
@@ -101,6 +104,10 @@ class SlotTable {
   // unleased slot (its expert is unmapped; *evicted says whether it held one). nullopt when
   // every slot is leased or locked.
   std::optional<uint32_t> lock_victim(bool* evicted = nullptr);
+  // The victim among occupied unleased slots: 0 = the least recently used; f in (0, 1] = a
+  // random one among the oldest f of them (at least one), which breaks strict LRU's lockstep
+  // when the working set slightly exceeds the arena (spec/peers-perf.md §2.4).
+  void set_eviction(double oldest_fraction, uint64_t seed = 1);
   // Marks a locked slot as holding (layer, expert), ready, and maps the expert to it.
   void publish(uint32_t slot, uint32_t layer, uint32_t expert, uint64_t tick);
   // Unlocks a locked slot as empty (a failed load).
@@ -122,12 +129,16 @@ class SlotTable {
 
  private:
   bool leased(uint32_t slot) const;
+  uint64_t next_random();
 
   TableHeader* h_ = nullptr;
   ExpertEntry* experts_ = nullptr;
   SlotEntry* slots_ = nullptr;
   SessionEntry* sessions_ = nullptr;
   SlotLeases* leases_ = nullptr;
+  double oldest_fraction_ = 0;
+  uint64_t rng_ = 1;
+  std::vector<std::pair<uint64_t, uint32_t>> candidates_;  // (use, slot) scratch of lock_victim
 };
 
 }  // namespace dsflash::expertstore

@@ -16,6 +16,9 @@ double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::d
 }  // namespace
 
 StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, StoreOptions o) {
+  if (!(o.evict_oldest_fraction >= 0 && o.evict_oldest_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("eviction: the oldest fraction must be in [0, 1], not ", o.evict_oldest_fraction));
+  }
   std::unique_ptr<Store> s(new Store());
   ASSIGN_OR_RETURN(s->model_, gguf::Model::open(model_path, gguf::File::Options{.map = false}));
   ASSIGN_OR_RETURN(s->cfg_, config::from_gguf(*s->model_));
@@ -43,6 +46,7 @@ StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, Stor
                                                             SlotTable::table_bytes(s->cfg_.n_layer, s->cfg_.n_expert, slots)));
   ASSIGN_OR_RETURN(s->lease_mem_, ipc::SharedRegion::create("dsflash-leases", SlotTable::lease_bytes(slots)));
   s->table_ = SlotTable::create(s->table_mem_.data(), s->lease_mem_.data(), s->cfg_.n_layer, s->cfg_.n_expert, slots, slot);
+  s->table_.set_eviction(o.evict_oldest_fraction);
   uint64_t max_slice = 0;
   for (uint32_t l = 0; l < s->cfg_.n_layer; ++l) {
     ASSIGN_OR_RETURN(const ExpertSlices sl, s->slices_.at(l, 0));

@@ -94,6 +94,39 @@ TEST(SlotTable, HitsMissesAndLruAmongUnleased) {
   EXPECT_EQ(t.leased_slots(), 0u);
 }
 
+// Random victim among the oldest fraction: over many evictions of a full table with uses
+// 1..100, only the 10 oldest unleased slots are ever chosen, each of them some time, and a
+// leased one never.
+TEST(SlotTable, RandomVictimAmongTheOldest) {
+  Table tb(1, 200, 100);
+  SlotTable& t = tb.table;
+  t.set_eviction(0.1, 7);
+  for (uint32_t e = 0; e < 100; ++e) ASSERT_TRUE(load(t, 0, e, 1 + e));  // expert e used at tick 1 + e
+  auto pinned = t.try_acquire(0, 0, 3, 2);                              // keeps its old tick, leased
+  ASSERT_TRUE(pinned.has_value());
+  std::vector<int> chosen(100, 0);
+  for (int i = 0; i < 400; ++i) {
+    bool evicted = false;
+    const auto slot = t.lock_victim(&evicted);
+    ASSERT_TRUE(slot.has_value());
+    ASSERT_TRUE(evicted);
+    ++chosen[*slot];
+    // Put the same expert back with its old tick, so the table is unchanged for the next draw.
+    uint32_t expert = 0;
+    while (t.resident_slot(0, expert) != 0 || expert == 3) ++expert;
+    t.publish(*slot, 0, expert, 1 + expert);
+  }
+  int distinct = 0;
+  for (uint32_t s = 0; s < 100; ++s) {
+    if (chosen[s] == 0) continue;
+    ++distinct;
+    EXPECT_NE(s, pinned->slot);
+  }
+  EXPECT_EQ(distinct, 10);  // ceil(0.1 * 99 unleased) = 10 oldest: experts 0..10 without the leased 3
+  t.release(*pinned);
+  EXPECT_TRUE(t.verify_integrity().ok());
+}
+
 TEST(SlotTable, AttachChecksTheRegion) {
   Table tb(2, 8, 3);
   const size_t tbytes = SlotTable::table_bytes(2, 8, 3), lbytes = SlotTable::lease_bytes(3);
