@@ -28,6 +28,29 @@ __device__ __forceinline__ float code_at(uint32_t word, int k) {
   return __int_as_float(static_cast<int>(__byte_perm(word, 0x4B000000u, 0x7540u + k))) - 8388608.0f;
 }
 
+// A 32-bit word from two half-word loads (blocks of 210 / 110 bytes are only 2-byte aligned).
+__device__ __forceinline__ uint32_t word_at(const uint8_t* p) {
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+  return h[0] | (static_cast<uint32_t>(h[1]) << 16);
+}
+
+// Two runs of 16 activations, the second kGap floats after the first (16-byte aligned), and
+// the sum of each run in order.
+template <int kGap>
+__device__ __forceinline__ void load_x_pair(const float* x, float (&a)[16], float (&b)[16], float* sa, float* sb) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float4 u = __ldg(x4 + k), v = __ldg(x4 + kGap / 4 + k);
+    a[4 * k] = u.x, a[4 * k + 1] = u.y, a[4 * k + 2] = u.z, a[4 * k + 3] = u.w;
+    b[4 * k] = v.x, b[4 * k + 1] = v.y, b[4 * k + 2] = v.z, b[4 * k + 3] = v.w;
+  }
+  *sa = 0.0f;
+  *sb = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) *sa += a[i], *sb += b[i];
+}
+
 // Where a warp works: its first row and, with the columns split kSplit ways over the warps of
 // a block (few rows: more warps in flight), its slice.
 template <int kRows, int kSplit>
@@ -82,17 +105,8 @@ __device__ __forceinline__ void q4k_gemv(const LinearParams& p) {
   const int64_t n_blocks = p.cols / 256;
   float acc[kRows] = {};
   for (int64_t b = 4 * at.slice + (lane >> 3); b < n_blocks; b += 4 * kSplit) {
-    const float4* xl4 = reinterpret_cast<const float4*>(p.x + b * 256 + 64 * c + 16 * h);
-    float xl[16], xh[16];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 a = __ldg(xl4 + k), e = __ldg(xl4 + 8 + k);
-      xl[4 * k] = a.x, xl[4 * k + 1] = a.y, xl[4 * k + 2] = a.z, xl[4 * k + 3] = a.w;
-      xh[4 * k] = e.x, xh[4 * k + 1] = e.y, xh[4 * k + 2] = e.z, xh[4 * k + 3] = e.w;
-    }
-    float sxl = 0.0f, sxh = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) sxl += xl[i], sxh += xh[i];
+    float xl[16], xh[16], sxl, sxh;  // low nibbles' values, high nibbles' 32 further
+    load_x_pair<32>(p.x + b * 256 + 64 * c + 16 * h, xl, xh, &sxl, &sxh);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const uint8_t* blk = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + b * 144;
@@ -133,28 +147,17 @@ __device__ __forceinline__ void q6k_gemv(const LinearParams& p) {
   const int64_t n_blocks = p.cols / 256;
   float acc[kRows] = {};
   for (int64_t b = 4 * at.slice + (lane >> 3); b < n_blocks; b += 4 * kSplit) {
-    const float4* xa4 = reinterpret_cast<const float4*>(p.x + b * 256 + 128 * n + 32 * qa + l0);
-    float xa[16], xb[16];  // quarter qa, quarter qa + 2 (64 values further)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float4 a = __ldg(xa4 + k), e = __ldg(xa4 + 16 + k);
-      xa[4 * k] = a.x, xa[4 * k + 1] = a.y, xa[4 * k + 2] = a.z, xa[4 * k + 3] = a.w;
-      xb[4 * k] = e.x, xb[4 * k + 1] = e.y, xb[4 * k + 2] = e.z, xb[4 * k + 3] = e.w;
-    }
-    float sxa = 0.0f, sxb = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) sxa += xa[i], sxb += xb[i];
+    float xa[16], xb[16], sxa, sxb;  // quarter qa, quarter qa + 2 (64 values further)
+    load_x_pair<64>(p.x + b * 256 + 128 * n + 32 * qa + l0, xa, xb, &sxa, &sxb);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const uint8_t* blk = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + b * 210;
-      // 210-byte blocks are only 2-byte aligned: words from half-word loads.
-      const uint16_t* ql = reinterpret_cast<const uint16_t*>(blk + 16 * q);
-      const uint16_t* qh = reinterpret_cast<const uint16_t*>(blk + 128 + 32 * n + l0);
+      const uint8_t* ql = blk + 16 * q;
+      const uint8_t* qh = blk + 128 + 32 * n + l0;
       float sa = 0.0f, sb = 0.0f;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const uint32_t wl = ql[2 * k] | (static_cast<uint32_t>(ql[2 * k + 1]) << 16);
-        const uint32_t wh = qh[2 * k] | (static_cast<uint32_t>(qh[2 * k + 1]) << 16);
+        const uint32_t wl = word_at(ql + 4 * k), wh = word_at(qh + 4 * k);
         const uint32_t ca = (wl & 0x0f0f0f0fu) | (((wh >> (2 * qa)) & 0x03030303u) << 4);
         const uint32_t cb = ((wl >> 4) & 0x0f0f0f0fu) | (((wh >> (2 * qa + 4)) & 0x03030303u) << 4);
 #pragma unroll
@@ -175,11 +178,7 @@ __device__ __forceinline__ void q6k_gemv(const LinearParams& p) {
 // covers the 16 code bytes qs[32n + l0 + 0..16) (n = (l % 4) / 2, l0 = 16 (l % 2)), i.e. the
 // values 128n + 32j + l0 + [0, 16) for the four shifts j (sub-block scales 8n + 2j + l0 / 16);
 // Q3_K adds the high bits hmask[l0 + 0..16) bit 4n + j (set: code + 4). Blocks are 84 / 110
-// bytes (4 / 2-byte aligned): words from half-word loads.
-__device__ __forceinline__ uint32_t word_at(const uint8_t* p) {
-  const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-  return h[0] | (static_cast<uint32_t>(h[1]) << 16);
-}
+// bytes (4 / 2-byte aligned): words from half-word loads (word_at).
 
 template <GgmlType kType, int kRows, int kSplit>
 __device__ __forceinline__ void q23_gemv(const LinearParams& p) {
