@@ -5,6 +5,7 @@
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/hc/hc_cuda.h"
 #include "kernels/hc/split_math.h"
+#include "kernels/norm/norm_row.cuh"
 
 namespace dsflash::kernels::hc {
 namespace {
@@ -32,18 +33,23 @@ __global__ void mixes_partial_kernel(const float* __restrict__ h, const float* _
   if (blockIdx.x == 0) part_ss[blockIdx.y * P + blockIdx.z] = ss;
 }
 
-// m[t][k] = (sum of the partials, in order) * rsqrt(mean square + eps); one thread per mix.
-__global__ void mixes_finish_kernel(const float* __restrict__ part_dot, const float* __restrict__ part_ss, int64_t n,
-                                    int M, int P, int64_t S, float eps, float* __restrict__ m) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][M]
-  if (i >= S * M) return;
-  const int64_t t = i / M;
+// Mix i = t M + k of token t: (sum of its partials, in order) * rsqrt(mean square + eps).
+__device__ __forceinline__ float finish_mix(const float* __restrict__ part_dot, const float* __restrict__ part_ss,
+                                            int64_t n, int P, int64_t t, int64_t i, float eps) {
   float ss = 0.0f, acc = 0.0f;
   for (int p = 0; p < P; ++p) {
     ss += part_ss[t * P + p];
     acc += part_dot[i * P + p];
   }
-  m[i] = acc * (1.0f / sqrtf(ss / static_cast<float>(n) + eps));
+  return acc * (1.0f / sqrtf(ss / static_cast<float>(n) + eps));
+}
+
+// m[t][k], one thread per mix.
+__global__ void mixes_finish_kernel(const float* __restrict__ part_dot, const float* __restrict__ part_ss, int64_t n,
+                                    int M, int P, int64_t S, float eps, float* __restrict__ m) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][M]
+  if (i >= S * M) return;
+  m[i] = finish_mix(part_dot, part_ss, n, P, i / M, i, eps);
 }
 
 __global__ void split_kernel(const float* __restrict__ m, const float* __restrict__ scale, const float* __restrict__ base,
@@ -103,25 +109,17 @@ __global__ void finish_split_kernel(const float* __restrict__ part_dot, const fl
   __shared__ float mt[32];
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x, M = (2 + C) * C;
-  if (lane < M) {
-    float ss = 0.0f, acc = 0.0f;
-    for (int p = 0; p < P; ++p) {
-      ss += part_ss[t * P + p];
-      acc += part_dot[(t * M + lane) * P + p];
-    }
-    mt[lane] = acc * (1.0f / sqrtf(ss / static_cast<float>(n) + norm_eps));
-  }
+  if (lane < M) mt[lane] = finish_mix(part_dot, part_ss, n, P, t, t * M + lane, norm_eps);
   __syncwarp();
   split_warp(mt, scale, base, C, t, iters, eps, pre, post, comb);
 }
 
-// pre_kernel then the RMSNorm (norm.cu's kernel: same per-thread order, same block sum) in one
-// block per token: y = bf16(norm_w * (x * rsqrt(mean(x^2) + eps))), x = bf16(sum_c w[c] h[c]).
+// pre_kernel then the RMSNorm (norm_row.cuh, as norm.cu's kernel) in one block per token:
+// y = bf16(norm_w * (x * rsqrt(mean(x^2) + eps))), x = bf16(sum_c w[c] h[c]).
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) pre_norm_kernel(const float* __restrict__ h, const float* __restrict__ w,
                                                             int C, int64_t D, const float* __restrict__ norm_w,
                                                             float eps, float* __restrict__ y) {
-  __shared__ float part[kThreads / 32];
   const int64_t t = blockIdx.x;
   float* yt = y + t * D;
   float ss = 0.0f;
@@ -132,11 +130,7 @@ __global__ void __launch_bounds__(kThreads) pre_norm_kernel(const float* __restr
     yt[d] = x;
     ss = fmaf(x, x, ss);
   }
-  ss = cuda::block_sum<kThreads>(ss, part);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(D) + eps);
-  for (int64_t d = threadIdx.x; d < D; d += kThreads) {
-    yt[d] = __bfloat162float(__float2bfloat16_rn(norm_w[d] * (yt[d] * inv)));
-  }
+  cuda::rms_scale_row<kThreads>(yt, norm_w, D, ss, eps, yt);
 }
 
 __global__ void pre_kernel(const float* __restrict__ h, const float* __restrict__ w, int C, int64_t D, int64_t S,
@@ -165,10 +159,6 @@ cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
   return cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0,
                             static_cast<cudaStream_t>(ctx.cuda_stream)};
 }
-
-}  // namespace
-
-namespace {
 
 // The mixes' partial sums of S tokens (P partials per mix over the C*D values, sums of squares
 // with them) in stream-ordered scratch, then finish(part_dot, part_ss, n, P) on the same
@@ -233,11 +223,12 @@ Status pre_norm_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, 
                      const float* norm_w, float norm_eps, float* y) {
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  const dim3 grid(static_cast<unsigned>(S));
-  if (D >= 2048) {
-    return cuda::launch(pre_norm_kernel<1024>, cuda::LaunchParams{grid, dim3(1024), 0, st}, h, w, C, D, norm_w, norm_eps, y);
-  }
-  return cuda::launch(pre_norm_kernel<256>, cuda::LaunchParams{grid, dim3(256), 0, st}, h, w, C, D, norm_w, norm_eps, y);
+  return cuda::with_norm_threads(D, [&](auto threads) {
+    constexpr int kThreads = decltype(threads)::value;
+    return cuda::launch(pre_norm_kernel<kThreads>,
+                        cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(kThreads), 0, st}, h, w, C, D, norm_w,
+                        norm_eps, y);
+  });
 }
 
 Status split_cuda(const ExecCtx& ctx, const float* m, const float* scale, const float* base, int C, int64_t S, int iters,

@@ -1,0 +1,34 @@
+// The RMSNorm of one row by one block, shared by norm.cu's kernel and the fused kernels that
+// end in a norm (hc.cu: hc pre + norm), so that fused and unfused forms give the same values.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/reduce.cuh"
+
+namespace dsflash::kernels::cuda {
+
+// Rows at least this wide get 1024 threads (a decode step's rows are alone on the GPU),
+// narrower ones 256.
+constexpr int64_t kWideNormRow = 2048;
+
+// f(std::integral_constant<int, T>{}) with T, the threads per row for rows of n values.
+template <typename F>
+auto with_norm_threads(int64_t n, F&& f) {
+  return n >= kWideNormRow ? f(std::integral_constant<int, 1024>{}) : f(std::integral_constant<int, 256>{});
+}
+
+// y[i] = bf16(w[i] * (x[i] * rsqrt(mean(x^2) + eps))) for i = threadIdx.x, + kThreads, ...,
+// given ss, this thread's sum of squares of those x[i] (fmaf, in that order). x may be y.
+template <int kThreads>
+__device__ __forceinline__ void rms_scale_row(const float* x, const float* __restrict__ w, int64_t n, float ss,
+                                              float eps, float* y) {
+  __shared__ float part[kThreads / 32];
+  ss = block_sum<kThreads>(ss, part);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) y[i] = __bfloat162float(__float2bfloat16_rn(w[i] * (x[i] * inv)));
+}
+
+}  // namespace dsflash::kernels::cuda
