@@ -77,7 +77,7 @@ Status DeviceModel::capture(DeviceSequence& ds, Sequence& seq, int parity) const
   DecodeGraphs& g = ds.graphs;
   RETURN_IF_ERROR(kernels::capture_begin(ds.ctx));
   Status s = [&]() -> Status {
-    Call call(ds.ctx, ds, seq);  // its scratch is released inside the capture
+    Call call(ds.ctx, ds);  // its scratch is released inside the capture
     call.pos0 = seq.n_past;
     call.S = 1;
     call.n_win = cfg_.window;

@@ -170,8 +170,8 @@ StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::load(const gguf::Model& file
   std::vector<float> pre_init(cfg.hc_mult, 0.0f);
   pre_init[0] = 1.0f;
   ASSIGN_OR_RETURN(m->pre_init_, m->upload(pre_init));
-  m->routed_decode_ = std::all_of(m->layers_.begin(), m->layers_.end(),
-                                  [&](const Layer& w) { return m->routed_on_device(w); });
+  for (Layer& w : m->layers_) w.routed_on_device = m->experts_have_decode_gemvs(w);
+  m->routed_decode_ = std::all_of(m->layers_.begin(), m->layers_.end(), [](const Layer& w) { return w.routed_on_device; });
   RETURN_IF_ERROR(kernels::stream_sync(m->load_ctx_));
   return m;
 }
@@ -230,7 +230,7 @@ Status DeviceModel::eager(Sequence& seq, const std::vector<int32_t>& tokens, boo
   DeviceSequence& ds = *seq.device;
   const ExecCtx& ctx = ds.ctx;
   const int64_t S = static_cast<int64_t>(tokens.size()), V = output_.rows, n = all_logits ? S : 1;
-  Call call(ctx, ds, seq);
+  Call call(ctx, ds);
   call.pos0 = seq.n_past;
   call.S = S;
   call.n_win = call.pos0 == 0 ? S : (S == 1 ? cfg_.window : cfg_.window + S);
@@ -352,7 +352,9 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   ASSIGN_OR_RETURN(auto weights, DevBuf<float>::make(ctx, S * K));
   RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
                                            experts.get(), weights.get()));
-  if (S == 1 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && routed_on_device(w)) return decode_experts(l, call, x, experts.get(), weights.get(), y);
+  if (S == 1 && w.routed_on_device && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    return decode_experts(l, call, x, experts.get(), weights.get(), y);
+  }
   std::vector<int32_t> e_h(static_cast<size_t>(S * K));
   std::vector<float> w_h(static_cast<size_t>(S * K));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, e_h.data(), experts.get(), S * K * sizeof(int32_t)));
@@ -401,7 +403,7 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
 
 // Whether a decode step's routed experts can run from the device-side routing (decode GEMV
 // types and alignments; the activations must be 16-byte aligned too).
-bool DeviceModel::routed_on_device(const Layer& w) const {
+bool DeviceModel::experts_have_decode_gemvs(const Layer& w) const {
   const int64_t E = cfg_.n_expert, F = w.exp_gate.rows / E, Dd = w.exp_down.rows / E;
   return kernels::linear_experts_supported(w.exp_gate.slice_rows(0, F), F * static_cast<int64_t>(w.exp_gate.row_bytes)) &&
          kernels::linear_experts_supported(w.exp_up.slice_rows(0, F), F * static_cast<int64_t>(w.exp_up.row_bytes)) &&

@@ -127,6 +127,7 @@ class DeviceModel {
     kernels::Weight wq_a, wq_b, wkv, wo_a, wo_b, comp_kv, comp_gate, idx_wk, idx_wq_b, idx_proj;
     kernels::Weight gate_inp, sh_gate, sh_up, sh_down, engram_embd, engram_wkv;
     kernels::Weight exp_gate, exp_up, exp_down;  // all experts, merged rows
+    bool routed_on_device = false;  // decode GEMVs take its experts (routing stays on the device)
   };
   static StatusOr<std::unique_ptr<DeviceModel>> load(const gguf::Model& file, const config::ModelConfig& cfg);
   ~DeviceModel();
@@ -168,7 +169,7 @@ class DeviceModel {
   Status indexer(int l, Call& call, const float* x, const float* qr, const float* latent, int64_t n_new) const;
   Status grouped_output(int l, Call& call, const float* o, float* y) const;
   Status moe(int l, Call& call, const float* x, float* y) const;
-  bool routed_on_device(const Layer& w) const;
+  bool experts_have_decode_gemvs(const Layer& w) const;
   Status decode_experts(int l, Call& call, const float* x, const int32_t* experts, const float* weights, float* y) const;
   StatusOr<DevBuf<float>> shared_expert(const Layer& w, const config::LayerConfig& L, Call& call, const float* x) const;
   Status engram(int l, Call& call, float* h) const;
@@ -208,10 +209,9 @@ class DeviceModel::Phase {
 
 // Per-forward state shared down the layer stack (call.h's Model::Call on the device).
 struct DeviceModel::Call {
-  Call(const kernels::ExecCtx& c, DeviceSequence& s, const Sequence& h) : ctx(c), seq(s), host(h) {}
+  Call(const kernels::ExecCtx& c, DeviceSequence& s) : ctx(c), seq(s) {}
   const kernels::ExecCtx& ctx;
   DeviceSequence& seq;
-  const Sequence& host;
   int64_t pos0 = 0, S = 0, n_win = 0;
   const int64_t* engram_ids = nullptr;  // device [engram layer][S][cols]
   // A captured decode step: per-step values read from `step` (StepSlots) when it runs, sizes
