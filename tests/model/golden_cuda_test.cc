@@ -37,6 +37,19 @@ class GoldenCuda : public ::testing::Test {
     auto gpu = Model::load(*file_, nullptr, LoadOptions{kernels::Backend::kCuda});
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     gpu_ = std::move(*gpu).release();
+    // The synthetic tiny model (the release's quantised types), written once for the suite.
+    synth_dir_ = new testing::TempDir();
+    const std::string path = synth_dir_->file("tiny.gguf");
+    ASSERT_TRUE(tools::write_synthetic_model(tools::SynthOptions{}, path, 1).ok());
+    auto synth = gguf::Model::open(path);
+    ASSERT_TRUE(synth.ok()) << synth.status();
+    synth_ = std::move(*synth).release();
+  }
+  static void TearDownTestSuite() {
+    delete synth_;
+    delete synth_dir_;
+    synth_ = nullptr;
+    synth_dir_ = nullptr;
   }
   void SetUp() override {
     if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA device";
@@ -53,10 +66,14 @@ class GoldenCuda : public ::testing::Test {
   static gguf::Model* file_;
   static Model* cpu_;
   static Model* gpu_;
+  static testing::TempDir* synth_dir_;
+  static gguf::Model* synth_;
 };
 gguf::Model* GoldenCuda::file_ = nullptr;
 Model* GoldenCuda::cpu_ = nullptr;
 Model* GoldenCuda::gpu_ = nullptr;
+testing::TempDir* GoldenCuda::synth_dir_ = nullptr;
+gguf::Model* GoldenCuda::synth_ = nullptr;
 
 TEST_F(GoldenCuda, PrefillMatchesGoldensAndTheCpu) {
   const Golden& g = Golden::get();
@@ -146,13 +163,9 @@ TEST_F(GoldenCuda, RefusesWhatItCannotDo) {
 // moves the CPU's own logits by a median of ~3e-2 and flips argmaxes. The GPU must stay within
 // what such a perturbation does to the CPU (measured here, same prompt and steps).
 TEST_F(GoldenCuda, QuantisedSyntheticModelMatchesTheCpu) {
-  testing::TempDir dir;
-  const std::string path = dir.file("tiny.gguf");
-  ASSERT_TRUE(tools::write_synthetic_model(tools::SynthOptions{}, path, 1).ok());
-  auto f = gguf::Model::open(path);
-  ASSERT_TRUE(f.ok()) << f.status();
-  auto cpu = Model::load(**f);
-  auto gpu = Model::load(**f, nullptr, LoadOptions{kernels::Backend::kCuda});
+  ASSERT_NE(synth_, nullptr);
+  auto cpu = Model::load(*synth_);
+  auto gpu = Model::load(*synth_, nullptr, LoadOptions{kernels::Backend::kCuda});
   ASSERT_TRUE(cpu.ok() && gpu.ok());
   const int64_t V = (*cpu)->config().n_vocab;
   std::vector<int32_t> prompt;
@@ -191,12 +204,8 @@ TEST_F(GoldenCuda, QuantisedSyntheticModelMatchesTheCpu) {
 // captured again at 512) and around a prefill chunk in the middle (run eagerly; the graphs
 // must see the caches it may move).
 TEST_F(GoldenCuda, DecodeGraphsMatchEagerDecodeBitForBit) {
-  testing::TempDir dir;
-  const std::string path = dir.file("tiny.gguf");
-  ASSERT_TRUE(tools::write_synthetic_model(tools::SynthOptions{}, path, 1).ok());
-  auto f = gguf::Model::open(path);
-  ASSERT_TRUE(f.ok()) << f.status();
-  auto gpu = Model::load(**f, nullptr, LoadOptions{kernels::Backend::kCuda});
+  ASSERT_NE(synth_, nullptr);
+  auto gpu = Model::load(*synth_, nullptr, LoadOptions{kernels::Backend::kCuda});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   Model& m = **gpu;
   const int32_t V = static_cast<int32_t>(m.config().n_vocab);
