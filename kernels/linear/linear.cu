@@ -101,6 +101,59 @@ __global__ void __launch_bounds__(kWideThreads) linear_wide_kernel(LinearParams 
   }
 }
 
+// Prefill GEMM (n_tok >= kGemmMinTokens): a block computes 64 rows x 64 tokens. Per step of 32
+// columns it decodes the weight tile once into shared memory (exact fp32 values, as the CPU),
+// stages the activations beside it, and each of 256 threads accumulates a 4 x 4 micro-tile in
+// fp32 over the columns in increasing order. The weights are decoded once per 64 tokens instead
+// of once per kTok, and every shared-memory read feeds 16 FMAs.
+constexpr int kGemmRows = 64, kGemmToks = 64, kGemmK = 32, kGemmThreads = 256;
+constexpr int64_t kGemmMinTokens = 16;
+
+template <GgmlType kType>
+__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(LinearParams p) {
+  __shared__ __align__(16) float ws[kGemmK][kGemmRows + 4];  // [column][row]
+  __shared__ __align__(16) float xs[kGemmK][kGemmToks + 4];  // [column][token]
+  const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16;  // rows 4 tr.., tokens 4 tt..
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGemmRows, tok0 = static_cast<int64_t>(blockIdx.y) * kGemmToks;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < p.cols; k0 += kGemmK) {
+    for (int e = tid; e < kGemmRows * kGemmK; e += kGemmThreads) {  // a warp walks one row's columns
+      const int r = e / kGemmK, k = e % kGemmK;
+      const int64_t row = min(row0 + r, p.rows - 1);
+      ws[k][r] = k0 + k < p.cols ? value_at<kType>(p.w + row * p.row_bytes, k0 + k, p) : 0.0f;
+    }
+    for (int e = tid; e < kGemmToks * kGemmK; e += kGemmThreads) {
+      const int t = e / kGemmK, k = e % kGemmK;
+      const int64_t tok = tok0 + t;
+      xs[k][t] = tok < p.n_tok && k0 + k < p.cols ? p.x[tok * p.cols + k0 + k] : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int k = 0; k < kGemmK; ++k) {
+      const float4 a = *reinterpret_cast<const float4*>(&ws[k][4 * tr]);
+      const float4 b = *reinterpret_cast<const float4*>(&xs[k][4 * tt]);
+      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = row0 + 4 * tr + i;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t tok = tok0 + 4 * tt + j;
+      if (row < p.rows && tok < p.n_tok) {
+        p.y[tok * p.rows + row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[i][j])) : acc[i][j];
+      }
+    }
+  }
+}
+
 // Q2_K / Q3_K rows (the expert matrices): a lane takes one 16-value sub-block per step, so a
 // warp covers two 256-value super-blocks; the lane loads its 16 code bytes as 4 words, its
 // 16 activations as 4 float4, and forms sum x*q and sum x once per sub-block:
@@ -233,6 +286,11 @@ template <GgmlType kType>
 Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   const unsigned grid = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
   const cuda::LaunchParams lp{dim3(grid), dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)};
+  if (p.n_tok >= kGemmMinTokens && (p.n_tok + kGemmToks - 1) / kGemmToks <= 65535) {
+    const dim3 g(static_cast<unsigned>((p.rows + kGemmRows - 1) / kGemmRows),
+                 static_cast<unsigned>((p.n_tok + kGemmToks - 1) / kGemmToks));
+    return cuda::launch(gemm_kernel<kType>, cuda::LaunchParams{g, dim3(kGemmThreads), 0, lp.stream}, p);
+  }
   if constexpr (kType == GgmlType::kQ2_K || kType == GgmlType::kQ3_K) {
     // float4 activation loads need 16-byte aligned x; Q2_K word loads a 4-byte aligned W.
     const bool w_ok = kType != GgmlType::kQ2_K || (reinterpret_cast<uintptr_t>(p.w) % 4 == 0 && p.row_bytes % 4 == 0);

@@ -32,7 +32,7 @@ TEST_P(LinearCuda, MatchesCpu) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int64_t K : {256, 2048, 4096}) {  // 2048, 4096: Q4_K / Q6_K columns split over warps
     for (int64_t N : {1, 17, 257, 1031}) {  // below and above the block-per-row threshold (1024 rows)
-      for (int64_t T : {1, 5, 21}) {  // several passes of kTok tokens
+      for (int64_t T : {1, 5, 21, 70}) {  // several passes of kTok tokens; 21, 70: the prefill GEMM (1, 2 token tiles)
         std::vector<float> wf(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * T));
         for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
         for (float& v : x) v = quant::round_bf16(nd(rng));
