@@ -104,13 +104,13 @@ __global__ void __launch_bounds__(kWideThreads) linear_wide_kernel(LinearParams 
 // Prefill GEMM (n_tok >= kGemmMinTokens): a block computes 64 rows x 64 tokens. Per step of 32
 // columns it decodes the weight tile once into shared memory (exact fp32 values, as the CPU),
 // stages the activations beside it, and each of 256 threads accumulates a 4 x 4 micro-tile in
-// fp32 over the columns in increasing order. The weights are decoded once per 64 tokens instead
-// of once per kTok, and every shared-memory read feeds 16 FMAs.
+// fp32 (per 32-column step, then into the running sum). The weights are decoded once per 64
+// tokens instead of once per kTok, and every shared-memory read feeds 16 FMAs.
 constexpr int kGemmRows = 64, kGemmToks = 64, kGemmK = 32, kGemmThreads = 256;
 constexpr int64_t kGemmMinTokens = 16;
 
 template <GgmlType kType>
-__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(LinearParams p) {
+__global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(LinearParams p) {
   __shared__ __align__(16) float ws[kGemmK][kGemmRows + 4];  // [column][row]
   __shared__ __align__(16) float xs[kGemmK][kGemmToks + 4];  // [column][token]
   const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16;  // rows 4 tr.., tokens 4 tt..
@@ -128,6 +128,9 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(LinearParams p) {
       xs[k][t] = tok < p.n_tok && k0 + k < p.cols ? p.x[tok * p.cols + k0 + k] : 0.0f;
     }
     __syncthreads();
+    // This step's 32 columns are summed apart and added to acc at once: the rounding error of
+    // K/32 partials of 32 terms, not of one running sum of K terms.
+    float part[4][4] = {};
 #pragma unroll 8
     for (int k = 0; k < kGemmK; ++k) {
       const float4 a = *reinterpret_cast<const float4*>(&ws[k][4 * tr]);
@@ -136,8 +139,13 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_kernel(LinearParams p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        for (int j = 0; j < 4; ++j) part[i][j] = fmaf(av[i], bv[j], part[i][j]);
       }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] += part[i][j];
     }
     __syncthreads();
   }
