@@ -39,8 +39,10 @@ constexpr const char* kUsage =
     "  --load-rate-mbps R      cap the start-up read rate, e.g. to spare a shared NVMe (0 = none)\n"
     "  --expert-store ADDR     routed experts from dsflash-expertstore, e.g.\n"
     "                          unix:/tmp/dsflash-expertstore.sock (default: read in-process)\n"
-    "  --backend cpu|cuda      where the forward pass runs (default cpu); cuda copies every weight,\n"
-    "                          routed experts included, to device memory (no --expert-store yet)\n";
+    "  --backend cpu|cuda      where the forward pass runs (default cpu); cuda copies every weight to\n"
+    "                          device memory, routed experts too unless --expert-store names a store\n"
+    "                          with a device arena (dsflash-expertstore --arena device), which they are\n"
+    "                          then streamed from\n";
 
 struct Flags {
   std::string model;
@@ -78,11 +80,6 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     }
     if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
     std::fprintf(stderr, "dsflash-inference: bad argument '%s'\n", a.c_str());
-    return false;
-  }
-  if (f->backend == dsflash::kernels::Backend::kCuda && !f->expert_store.empty()) {
-    std::fprintf(stderr, "dsflash-inference: --backend cuda keeps every expert in device memory; it does not take "
-                         "--expert-store yet\n");
     return false;
   }
   return !f->model.empty();
@@ -153,7 +150,10 @@ dsflash::StatusOr<std::unique_ptr<dsflash::expertclient::ExpertClient>> connect_
   ASSIGN_OR_RETURN(const config::ModelConfig cfg, config::from_gguf(file));
   ASSIGN_OR_RETURN(const std::string fp, file.fingerprint("_exps."));
   auto c = std::make_unique<expertclient::ExpertClient>(
-      expertclient::ClientOptions{.address = flags.expert_store, .model_fingerprint = fp}, cfg);
+      expertclient::ClientOptions{.address = flags.expert_store,
+                                  .model_fingerprint = fp,
+                                  .device_arena = flags.backend == kernels::Backend::kCuda},
+      cfg);
   c->set_observer([&metrics](bool hit, double s) { metrics.expert_fetch(hit)->Observe(s); });
   return c;
 }

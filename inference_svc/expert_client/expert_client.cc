@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/quant/quant.h"
 #include "dsflash/v1/expertstore.grpc.pb.h"
+#include "expertstore_svc/arena.h"
 #include "expertstore_svc/slot_table.h"
 
 namespace dsflash::expertclient {
@@ -40,6 +41,7 @@ struct ExpertClient::Session {
   std::unique_ptr<grpc::ClientReader<pb::SessionEvent>> reader;
   pb::SessionInfo info;
   ipc::SharedRegion arena, table_mem, lease_mem;
+  std::unique_ptr<expertstore::DeviceArenaMapping> device_arena;  // a device arena, imported
   expertstore::SlotTable table;
   std::atomic<bool> alive{true};
 };
@@ -156,10 +158,22 @@ StatusOr<std::shared_ptr<ExpertClient::Session>> ExpertClient::open_session() {
     RETURN_IF_ERROR(check_slice(L.up(), cfg_.expert_ffn, cfg_.n_embd, in.slot_bytes(), p + "up"));
     RETURN_IF_ERROR(check_slice(L.down(), cfg_.n_embd, cfg_.expert_ffn, in.slot_bytes(), p + "down"));
   }
-  if (in.arena_mechanism() != "memfd") {
-    return absl::UnimplementedError(absl::StrCat("this build's CPU backend cannot read a ", in.arena_mechanism(), " arena"));
+  const std::string& mech = in.arena_mechanism();
+  const bool device = mech == "cuda-vmm-fd" || mech == "cuda-ipc";
+  if (!device && mech != "memfd") {
+    return absl::FailedPreconditionError(absl::StrCat("the expert store at ", options_.address, " has a '", mech,
+                                                      "' arena, which this client does not know"));
   }
-  // The fds: [arena (read-only), slot table (read-only), lease table] for a memfd arena.
+  if (device != options_.device_arena) {
+    return absl::FailedPreconditionError(
+        options_.device_arena
+            ? absl::StrCat("the CUDA backend reads experts from a device arena; the expert store at ", options_.address,
+                           " has a ", mech, " arena (start it with --arena device)")
+            : absl::StrCat("the CPU backend reads experts from host memory; the expert store at ", options_.address,
+                           " has a ", mech, " arena (start it with --arena host)"));
+  }
+  // The fds: [arena, slot table (read-only), lease table]; no arena fd for a CUDA IPC handle.
+  const size_t n_fds = mech == "cuda-ipc" ? 2 : 3;
   ASSIGN_OR_RETURN(const int sock, ipc::connect_unix(in.fd_socket()));
   std::vector<int> fds;
   std::string reply;
@@ -167,16 +181,30 @@ StatusOr<std::shared_ptr<ExpertClient::Session>> ExpertClient::open_session() {
   if (st.ok()) st = ipc::recv_fds(sock, 3, &fds, &reply);
   ::close(sock);
   RETURN_IF_ERROR(st);
-  if (reply != "ok" || fds.size() != 3) {
+  if (reply != "ok" || fds.size() != n_fds) {
     for (int fd : fds) ::close(fd);
     return absl::UnavailableError(absl::StrCat("fd hand-over on ", in.fd_socket(), " refused: ", reply));
   }
-  ASSIGN_OR_RETURN(s->arena, ipc::SharedRegion::map(fds[0], false));
-  ASSIGN_OR_RETURN(s->table_mem, ipc::SharedRegion::map(fds[1], false));
-  ASSIGN_OR_RETURN(s->lease_mem, ipc::SharedRegion::map(fds[2], true));
-  if (s->arena.size() < in.arena_bytes() || uint64_t{in.n_slots()} * in.slot_bytes() > s->arena.size()) {
-    return absl::FailedPreconditionError("the expert arena is smaller than its slots");
+  const uint64_t slots_bytes = uint64_t{in.n_slots()} * in.slot_bytes();
+  if (device) {
+    const int arena_fd = n_fds == 3 ? fds[0] : -1;  // the mapping takes it, also on failure
+    auto mapped = expertstore::DeviceArenaMapping::import(mech, arena_fd, in.cuda_ipc_handle(), in.arena_bytes(),
+                                                          options_.device);
+    if (!mapped.ok()) {
+      for (size_t i = n_fds - 2; i < n_fds; ++i) ::close(fds[i]);
+      return absl::Status(mapped.status().code(), absl::StrCat("importing the expert store's device arena: ",
+                                                               mapped.status().message()));
+    }
+    s->device_arena = std::move(*mapped);
+    if (s->device_arena->bytes() < slots_bytes) return absl::FailedPreconditionError("the expert arena is smaller than its slots");
+  } else {
+    ASSIGN_OR_RETURN(s->arena, ipc::SharedRegion::map(fds[0], false));
+    if (s->arena.size() < in.arena_bytes() || slots_bytes > s->arena.size()) {
+      return absl::FailedPreconditionError("the expert arena is smaller than its slots");
+    }
   }
+  ASSIGN_OR_RETURN(s->table_mem, ipc::SharedRegion::map(fds[n_fds - 2], false));
+  ASSIGN_OR_RETURN(s->lease_mem, ipc::SharedRegion::map(fds[n_fds - 1], true));
   ASSIGN_OR_RETURN(s->table, expertstore::SlotTable::attach(s->table_mem.data(), s->table_mem.size(), s->lease_mem.data(),
                                                             s->lease_mem.size()));
   const auto& h = s->table.header();
@@ -188,7 +216,8 @@ StatusOr<std::shared_ptr<ExpertClient::Session>> ExpertClient::open_session() {
 }
 
 model::ExpertWeights ExpertClient::view(const Session& s, int layer, uint32_t slot) const {
-  const uint8_t* base = s.arena.data() + uint64_t{slot} * s.info.slot_bytes();
+  const uint8_t* arena = s.device_arena ? s.device_arena->data() : s.arena.data();
+  const uint8_t* base = arena + uint64_t{slot} * s.info.slot_bytes();
   auto w = [base](const pb::SliceLayout& x) {
     kernels::Weight k;
     k.type = static_cast<quant::GgmlType>(x.ggml_type());
@@ -199,7 +228,12 @@ model::ExpertWeights ExpertClient::view(const Session& s, int layer, uint32_t sl
     return k;
   };
   const auto& L = s.info.layers(layer);
-  return model::ExpertWeights{w(L.gate()), w(L.up()), w(L.down())};
+  return model::ExpertWeights{w(L.gate()), w(L.up()), w(L.down()), slot, arena, s.info.slot_bytes()};
+}
+
+size_t ExpertClient::lease_budget() const {
+  std::shared_ptr<Session> s = current();
+  return s ? std::max<size_t>(1, s->info.n_slots()) : SIZE_MAX;
 }
 
 StatusOr<model::ExpertWeights> ExpertClient::acquire(int layer, int expert) {

@@ -1,6 +1,7 @@
 // ExpertClient: the inference process's side of the expert store. A model::ExpertSource
-// that keeps a session with dsflash-expertstore, maps its arena and slot table (read-only)
-// and its lease table, serves hits from shared memory with no RPC, sends misses over gRPC
+// that keeps a session with dsflash-expertstore, maps its arena (a memfd for the CPU backend,
+// device memory imported by VMM fd or CUDA IPC handle for the CUDA backend), its slot table
+// (read-only) and its lease table, serves hits from shared memory with no RPC, sends misses over gRPC
 // (Acquire) and hints a layer's experts (Prefetch), and releases leases in place after the
 // layer's expert compute.
 //
@@ -37,6 +38,11 @@ struct ClientOptions {
   std::string model_fingerprint;
   std::chrono::milliseconds acquire_timeout{60000};
   std::chrono::milliseconds reconnect_interval{500};
+  // The CUDA backend's client: the store must have a device arena, which this process imports
+  // (VMM fd or CUDA IPC handle) on `device`; acquired matrices are device pointers into it.
+  // false: a memfd arena mapped into this process (the CPU backend).
+  bool device_arena = false;
+  int device = 0;
 };
 
 // Called after every acquire with whether it was a hit and how long it took.
@@ -58,6 +64,10 @@ class ExpertClient final : public model::ExpertSource {
   StatusOr<model::ExpertWeights> acquire(int layer, int expert) override;
   void release(int layer, int expert) override;
   void prefetch(int layer, const std::vector<int>& experts) override;
+  kernels::Backend memory() const override {
+    return options_.device_arena ? kernels::Backend::kCuda : kernels::Backend::kCpu;
+  }
+  size_t lease_budget() const override;
 
   size_t held() const;
   uint64_t hits() const { return hits_; }

@@ -1,6 +1,6 @@
 // The model on the CUDA backend: weights to the device, the forward pass (embedding, blocks
-// with delayed-pre hyper-connections, head), the MoE sub-layer and the Engram update, as in
-// model.cc and ffn.cc.
+// with delayed-pre hyper-connections, head) and the Engram update, as in model.cc and ffn.cc
+// (the MoE sub-layer: device_moe.cc).
 #include "inference_svc/model/device_model.h"
 
 #include <chrono>
@@ -134,6 +134,7 @@ Status DeviceModel::upload_layer(const gguf::Model& file, int l) {
   for (const auto& [src, dst] : mats) {
     ASSIGN_OR_RETURN(*dst, upload(*src));
   }
+  if (streamed_ != nullptr) return absl::OkStatus();  // the routed experts come from the source
   const std::string p = absl::StrCat("blk.", l, ".");
   for (auto [name, dst] : {std::pair{"ffn_gate_exps.weight", &d.exp_gate}, std::pair{"ffn_up_exps.weight", &d.exp_up},
                            std::pair{"ffn_down_exps.weight", &d.exp_down}}) {
@@ -145,12 +146,15 @@ Status DeviceModel::upload_layer(const gguf::Model& file, int l) {
   return absl::OkStatus();
 }
 
-StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::load(const gguf::Model& file, const config::ModelConfig& cfg) {
+StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::load(const gguf::Model& file, const config::ModelConfig& cfg,
+                                                         ExpertSource* streamed, bool prefetch_next_layer) {
   if (!kernels::cuda_available()) {
     return absl::FailedPreconditionError("the CUDA backend was asked for, but no CUDA device is usable (or this build has no CUDA)");
   }
   std::unique_ptr<DeviceModel> m(new DeviceModel());
   m->cfg_ = cfg;
+  m->streamed_ = streamed;
+  m->prefetch_next_ = prefetch_next_layer;
   ASSIGN_OR_RETURN(void* stream, kernels::stream_create());
   m->load_ctx_ = ExecCtx{kernels::Backend::kCuda, stream};
   m->layers_.resize(cfg.n_layer);
@@ -170,7 +174,9 @@ StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::load(const gguf::Model& file
   std::vector<float> pre_init(cfg.hc_mult, 0.0f);
   pre_init[0] = 1.0f;
   ASSIGN_OR_RETURN(m->pre_init_, m->upload(pre_init));
-  for (Layer& w : m->layers_) w.routed_on_device = m->experts_have_decode_gemvs(w);
+  for (Layer& w : m->layers_) {
+    w.routed_on_device = streamed == nullptr && m->experts_have_decode_gemvs(m->resident_table(w, nullptr));
+  }
   m->routed_decode_ = std::all_of(m->layers_.begin(), m->layers_.end(), [](const Layer& w) { return w.routed_on_device; });
   RETURN_IF_ERROR(kernels::stream_sync(m->load_ctx_));
   return m;
@@ -231,6 +237,7 @@ Status DeviceModel::eager(Sequence& seq, const std::vector<int32_t>& tokens, boo
   const ExecCtx& ctx = ds.ctx;
   const int64_t S = static_cast<int64_t>(tokens.size()), V = output_.rows, n = all_logits ? S : 1;
   Call call(ctx, ds);
+  call.source = streamed_;
   call.pos0 = seq.n_past;
   call.S = S;
   call.n_win = call.pos0 == 0 ? S : (S == 1 ? cfg_.window : cfg_.window + S);
@@ -335,126 +342,6 @@ Status DeviceModel::head(Call& call, const float* h, const float* pre_mix, bool 
   RETURN_IF_ERROR(kernels::hc::pre_norm_cuda(ctx, h + first * C * D, pre_mix + first * C, C, D, n, output_norm_,
                                              cfg_.norm_eps, x.get()));
   return dev_linear(ctx, output_, x.get(), n, out, kernels::OutRound::kF32);
-}
-
-// The MoE sub-layer (ffn.cc Model::moe): routing on the device; the routed tokens grouped by
-// expert on the host (ascending expert index), each expert's SwiGLU on its rows, and the
-// routed outputs summed per token in ascending expert order before the shared expert's.
-Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
-  const Layer& w = layers_[l];
-  const config::LayerConfig& L = cfg_.layers[l];
-  const ExecCtx& ctx = call.ctx;
-  const int64_t D = cfg_.n_embd, E = cfg_.n_expert, K = cfg_.n_expert_used, S = call.S;
-  const int64_t F = w.exp_gate.rows / E, Dd = w.exp_down.rows / E;
-  ASSIGN_OR_RETURN(auto logits, DevBuf<float>::make(ctx, S * E));
-  RETURN_IF_ERROR(dev_linear(ctx, w.gate_inp, x, S, logits.get(), kernels::OutRound::kF32));
-  ASSIGN_OR_RETURN(auto experts, DevBuf<int32_t>::make(ctx, S * K));
-  ASSIGN_OR_RETURN(auto weights, DevBuf<float>::make(ctx, S * K));
-  RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
-                                           experts.get(), weights.get()));
-  if (S == 1 && w.routed_on_device && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-    return decode_experts(l, call, x, experts.get(), weights.get(), y);
-  }
-  std::vector<int32_t> e_h(static_cast<size_t>(S * K));
-  std::vector<float> w_h(static_cast<size_t>(S * K));
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, e_h.data(), experts.get(), S * K * sizeof(int32_t)));
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, w_h.data(), weights.get(), S * K * sizeof(float)));
-  RETURN_IF_ERROR(kernels::stream_sync(ctx));
-  std::map<int32_t, std::vector<int64_t>> by_expert;  // expert -> (t * K + k) slots, token order
-  for (int64_t i = 0; i < S * K; ++i) by_expert[e_h[i]].push_back(i);
-  std::vector<int64_t> tok;  // the token of each row, rows grouped by expert
-  std::vector<int32_t> rows_of(static_cast<size_t>(S * K));
-  std::vector<float> row_w;
-  std::vector<int64_t> filled(static_cast<size_t>(S), 0);
-  for (const auto& [e, slots] : by_expert) {
-    for (int64_t i : slots) {
-      const int64_t t = i / K;
-      rows_of[t * K + filled[t]++] = static_cast<int32_t>(tok.size());
-      tok.push_back(t);
-      row_w.push_back(w_h[i]);
-    }
-  }
-  const int64_t R = S * K;
-  ASSIGN_OR_RETURN(auto tok_d, DevBuf<int64_t>::make(ctx, R));
-  ASSIGN_OR_RETURN(auto rows_d, DevBuf<int32_t>::make(ctx, R));
-  ASSIGN_OR_RETURN(auto w_d, DevBuf<float>::make(ctx, R));
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, tok_d.get(), tok.data(), R * sizeof(int64_t)));
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, rows_d.get(), rows_of.data(), R * sizeof(int32_t)));
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, w_d.get(), row_w.data(), R * sizeof(float)));
-  ASSIGN_OR_RETURN(auto xe, DevBuf<float>::make(ctx, R * D));
-  ASSIGN_OR_RETURN(auto a, DevBuf<float>::make(ctx, R * F));
-  ASSIGN_OR_RETURN(auto b, DevBuf<float>::make(ctx, R * F));
-  ASSIGN_OR_RETURN(auto ye, DevBuf<float>::make(ctx, R * D));
-  RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, quant::GgmlType::kF32, x, D, D * sizeof(float), S, tok_d.get(),
-                                                     R, false, xe.get()));
-  int64_t r0 = 0;
-  for (const auto& [e, slots] : by_expert) {
-    const int64_t n = static_cast<int64_t>(slots.size());
-    RETURN_IF_ERROR(dev_linear(ctx, w.exp_gate.slice_rows(e * F, F), xe.get() + r0 * D, n, a.get() + r0 * F));
-    RETURN_IF_ERROR(dev_linear(ctx, w.exp_up.slice_rows(e * F, F), xe.get() + r0 * D, n, b.get() + r0 * F));
-    RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get() + r0 * F, b.get() + r0 * F, n, F, L.swiglu_limit_exp,
-                                              w_d.get() + r0));
-    RETURN_IF_ERROR(dev_linear(ctx, w.exp_down.slice_rows(e * Dd, Dd), a.get() + r0 * F, n, ye.get() + r0 * D));
-    r0 += n;
-  }
-  ASSIGN_OR_RETURN(const DevBuf<float> shared, shared_expert(w, L, call, x));
-  return kernels::moe::combine_cuda(ctx, ye.get(), rows_d.get(), shared.get(), S, K, D, y);
-}
-
-// Whether a decode step's routed experts can run from the device-side routing (decode GEMV
-// types and alignments; the activations must be 16-byte aligned too).
-bool DeviceModel::experts_have_decode_gemvs(const Layer& w) const {
-  const int64_t E = cfg_.n_expert, F = w.exp_gate.rows / E, Dd = w.exp_down.rows / E;
-  return kernels::linear_experts_supported(w.exp_gate.slice_rows(0, F), F * static_cast<int64_t>(w.exp_gate.row_bytes)) &&
-         kernels::linear_experts_supported(w.exp_up.slice_rows(0, F), F * static_cast<int64_t>(w.exp_up.row_bytes)) &&
-         kernels::linear_experts_supported(w.exp_down.slice_rows(0, Dd), Dd * static_cast<int64_t>(w.exp_down.row_bytes)) &&
-         (F * 4) % 16 == 0;
-}
-
-// A decode step's routed experts straight from the device-side routing (no host round trip):
-// gate, up and down of the K experts each in one launch, rows in route order, summed per token
-// in ascending expert order with the shared expert's output.
-Status DeviceModel::decode_experts(int l, Call& call, const float* x, const int32_t* experts, const float* weights,
-                                   float* y) const {
-  const Layer& w = layers_[l];
-  const config::LayerConfig& L = cfg_.layers[l];
-  const ExecCtx& ctx = call.ctx;
-  const int64_t D = cfg_.n_embd, E = cfg_.n_expert, K = cfg_.n_expert_used, F = w.exp_gate.rows / E;
-  const int64_t Dd = w.exp_down.rows / E;
-  const int n = static_cast<int>(K);
-  ASSIGN_OR_RETURN(auto a, DevBuf<float>::make(ctx, K * F));
-  ASSIGN_OR_RETURN(auto b, DevBuf<float>::make(ctx, K * F));
-  ASSIGN_OR_RETURN(auto ye, DevBuf<float>::make(ctx, K * D));
-  const auto bytes = [](const kernels::Weight& m, int64_t rows) { return rows * static_cast<int64_t>(m.row_bytes); };
-  RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, w.exp_gate.slice_rows(0, F), bytes(w.exp_gate, F), experts, n, x, 0,
-                                               a.get(), F));
-  RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, w.exp_up.slice_rows(0, F), bytes(w.exp_up, F), experts, n, x, 0,
-                                               b.get(), F));
-  RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
-  RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, w.exp_down.slice_rows(0, Dd), bytes(w.exp_down, Dd), experts, n,
-                                               a.get(), F, ye.get(), D));
-  ASSIGN_OR_RETURN(const DevBuf<float> shared, shared_expert(w, L, call, x));
-  return kernels::moe::combine_routed_cuda(ctx, ye.get(), experts, shared.get(), 1, K, D, y);
-}
-
-// The shared expert on every token.
-StatusOr<DevBuf<float>> DeviceModel::shared_expert(const Layer& w, const config::LayerConfig& L, Call& call,
-                                                   const float* x) const {
-  const ExecCtx& ctx = call.ctx;
-  const int64_t D = cfg_.n_embd, S = call.S, Fs = w.sh_gate.rows;
-  ASSIGN_OR_RETURN(auto shared, DevBuf<float>::make(ctx, S * D));
-  ASSIGN_OR_RETURN(auto sa, DevBuf<float>::make(ctx, S * Fs));
-  ASSIGN_OR_RETURN(auto sb, DevBuf<float>::make(ctx, S * Fs));
-  if (S == 1) {
-    const kernels::LinearJob jobs[] = {{w.sh_gate, x, sa.get()}, {w.sh_up, x, sb.get()}};
-    RETURN_IF_ERROR(kernels::linear_batch_cuda(ctx, jobs, 2));
-  } else {
-    RETURN_IF_ERROR(dev_linear(ctx, w.sh_gate, x, S, sa.get()));
-    RETURN_IF_ERROR(dev_linear(ctx, w.sh_up, x, S, sb.get()));
-  }
-  RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, sa.get(), sb.get(), S, Fs, L.swiglu_limit_shexp, nullptr));
-  RETURN_IF_ERROR(dev_linear(ctx, w.sh_down, sa.get(), S, shared.get()));
-  return shared;
 }
 
 // Engram (ffn.cc Model::engram): rows of the call's ids (hashed on the host, call.engram_ids)

@@ -3,7 +3,11 @@
 // (model.cc, attention.cc, ffn.cc) on device buffers and the kernels' *_cuda ops; decisions the
 // CPU makes on the host (window and top-k index lists, candidate masks, routing) are made on
 // the device too, except the grouping of routed tokens by expert (host, from the routed ids).
-// Every routed expert is resident in device memory (copied from the GGUF at load).
+// The routed experts are either resident in device memory (copied from the GGUF at load) or
+// streamed from an ExpertSource with device memory (the expert store's device arena): then
+// every MoE layer copies its routing to the host, acquires the experts it picked (the decode
+// GEMVs take their slot numbers), and its leases are released at the next layer's routing
+// copy or the end of the forward, once the kernels reading them have completed.
 #pragma once
 
 #include <algorithm>
@@ -129,7 +133,11 @@ class DeviceModel {
     kernels::Weight exp_gate, exp_up, exp_down;  // all experts, merged rows
     bool routed_on_device = false;  // decode GEMVs take its experts (routing stays on the device)
   };
-  static StatusOr<std::unique_ptr<DeviceModel>> load(const gguf::Model& file, const config::ModelConfig& cfg);
+  // `streamed`: null keeps every routed expert resident; else the source (device memory) each
+  // MoE layer acquires its experts from, with layer l+1's experts hinted a layer early at
+  // decode when `prefetch_next_layer`.
+  static StatusOr<std::unique_ptr<DeviceModel>> load(const gguf::Model& file, const config::ModelConfig& cfg,
+                                                     ExpertSource* streamed = nullptr, bool prefetch_next_layer = true);
   ~DeviceModel();
 
   StatusOr<std::shared_ptr<DeviceSequence>> new_sequence() const;
@@ -169,8 +177,23 @@ class DeviceModel {
   Status indexer(int l, Call& call, const float* x, const float* qr, const float* latent, int64_t n_new) const;
   Status grouped_output(int l, Call& call, const float* o, float* y) const;
   Status moe(int l, Call& call, const float* x, float* y) const;
-  bool experts_have_decode_gemvs(const Layer& w) const;
-  Status decode_experts(int l, Call& call, const float* x, const int32_t* experts, const float* weights, float* y) const;
+  // Expert e of layer l: resident slices, or a lease from the streamed source (held by the call).
+  StatusOr<ExpertWeights> acquire_expert(int l, int32_t e, Call& call) const;
+  Status grouped_experts(int l, Call& call, const float* x, const std::vector<int32_t>& e_h,
+                         const std::vector<float>& w_h, float* y) const;
+  // The K routed experts of one decode token for the device-routed GEMVs: entry k's matrices
+  // at base's + ids[k] * the matrix's stride (ids: expert numbers, or arena slots).
+  struct ExpertTable {
+    ExpertWeights base;
+    int64_t gate_stride = 0, up_stride = 0, down_stride = 0;
+    const int32_t* ids = nullptr;  // device [K]
+  };
+  bool experts_have_decode_gemvs(const ExpertTable& t) const;
+  ExpertTable resident_table(const Layer& w, const int32_t* ids) const;  // ids: expert numbers
+  Status decode_experts(int l, Call& call, const float* x, const ExpertTable& t, const int32_t* experts,
+                        const float* weights, float* y) const;
+  // Layer l+1's router on layer l's MoE input, its picks copied to `host` (with the next sync).
+  Status predict_next_layer(int l, Call& call, const float* x, int32_t* host) const;
   StatusOr<DevBuf<float>> shared_expert(const Layer& w, const config::LayerConfig& L, Call& call, const float* x) const;
   Status engram(int l, Call& call, float* h) const;
   Status head(Call& call, const float* h, const float* pre_mix, bool all_logits, float* out) const;
@@ -184,6 +207,8 @@ class DeviceModel {
   float* rope_yarn_ = nullptr;
   float* pre_init_ = nullptr;  // [hc_mult]: 1, 0, ... (the first block's collapse of one token)
   bool routed_decode_ = false;  // every layer's routed experts have device-routed GEMVs
+  ExpertSource* streamed_ = nullptr;  // the routed experts' source when they are not resident
+  bool prefetch_next_ = true;
   std::atomic<bool> graphs_{true};
   mutable std::atomic<int64_t> replays_{0};
   std::vector<void*> owned_;  // every weight allocation, freed with the model
@@ -230,6 +255,20 @@ struct DeviceModel::Call {
   int64_t topk_width = 0;
   DevBuf<uint8_t> cand;   // [S][cand_width]
   int64_t cand_width = 0;
+  // Streamed experts: the (layer, expert) leases this call holds, released once the stream
+  // has run past the kernels that read them (at the latest here, after a synchronisation).
+  ExpertSource* source = nullptr;
+  std::vector<std::pair<int, int>> leases;
+  void release_leases() {
+    for (const auto& [layer, expert] : leases) source->release(layer, expert);
+    leases.clear();
+  }
+  ~Call() {
+    if (!leases.empty()) {
+      (void)kernels::stream_sync(ctx);
+      release_leases();
+    }
+  }
 };
 
 }  // namespace dsflash::model

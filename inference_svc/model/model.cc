@@ -39,13 +39,20 @@ StatusOr<std::unique_ptr<Model>> Model::load(const gguf::Model& file, std::uniqu
     experts = std::move(src);
   }
   m->experts_ = std::move(experts);
+  const bool in_process = dynamic_cast<GgufExpertSource*>(m->experts_.get()) != nullptr;
+  const bool device_memory = m->experts_->memory() == kernels::Backend::kCuda;
   if (options.backend == kernels::Backend::kCuda) {
-    if (dynamic_cast<GgufExpertSource*>(m->experts_.get()) == nullptr) {
-      return absl::UnimplementedError(
-          "the CUDA backend keeps every routed expert in device memory; an external expert source (--expert-store) "
-          "is not supported with it yet");
+    if (!in_process && !device_memory) {
+      return absl::FailedPreconditionError(
+          "the CUDA backend reads streamed experts from device memory, but this expert source hands out host memory "
+          "(start dsflash-expertstore with --arena device)");
     }
-    ASSIGN_OR_RETURN(m->device_, DeviceModel::load(file, c));
+    ASSIGN_OR_RETURN(m->device_, DeviceModel::load(file, c, in_process ? nullptr : m->experts_.get(),
+                                                   options.prefetch_next_layer));
+  } else if (device_memory) {
+    return absl::FailedPreconditionError(
+        "the CPU backend reads experts from host memory, but this expert source hands out device memory "
+        "(start dsflash-expertstore with --arena host, or run with --backend cuda)");
   }
   return m;
 }

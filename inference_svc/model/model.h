@@ -11,6 +11,7 @@
 // at a time per Sequence.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -29,6 +30,12 @@ namespace dsflash::model {
 // The three matrices of one routed expert.
 struct ExpertWeights {
   kernels::Weight gate, up, down;
+  // From an arena of equal slots (the expert store): the slot these matrices occupy, the
+  // arena's first byte and the distance between slots. Every slot holds its matrices at the
+  // same offsets, so a kernel can take slot numbers instead of pointers. -1 / null / 0 otherwise.
+  int64_t slot = -1;
+  const uint8_t* arena = nullptr;
+  uint64_t slot_stride = 0;
 };
 
 // Where routed-expert bytes come from: in-process from the GGUF here, from the expert store
@@ -42,6 +49,12 @@ class ExpertSource {
   // A hint, before a layer's acquires, naming every expert it will acquire (a remote source
   // starts all their loads at once).
   virtual void prefetch(int /*layer*/, const std::vector<int>& /*experts*/) {}
+  // Where the matrices acquire() hands out live: host memory (the CPU backend reads them) or
+  // device memory (a device arena; the CUDA backend reads them).
+  virtual kernels::Backend memory() const { return kernels::Backend::kCpu; }
+  // How many leases one forward may hold at once (the arena's slots): a forward that needs
+  // more experts than this waits for its kernels and releases before acquiring further.
+  virtual size_t lease_budget() const { return SIZE_MAX; }
 };
 
 // Reads expert slices straight from the (mapped) merged 3-D GGUF tensors.
@@ -75,9 +88,14 @@ struct Sequence {
 };
 
 struct LoadOptions {
-  // kCuda: every weight, routed experts included, is copied to device memory and the forward
-  // pass runs there (model/device_model.h); needs an in-process expert source.
+  // kCuda: the forward pass runs in device memory (model/device_model.h). Every weight is
+  // copied there; the routed experts too with the in-process source, while an expert source
+  // with device memory (the expert store's device arena) streams them: each MoE layer
+  // acquires the experts its routing picked and releases them once its kernels have run.
   kernels::Backend backend = kernels::Backend::kCpu;
+  // kCuda with streamed experts, decode: layer l+1's router also runs on layer l's MoE input
+  // and the experts it picks are hinted to the source (loads start a layer early).
+  bool prefetch_next_layer = true;
 };
 
 // Called with every named intermediate (e.g. "L3.attn.norm_out", rows x cols values); the
