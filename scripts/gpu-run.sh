@@ -40,6 +40,21 @@ if [[ ${DSF_MODEL_BENCH:-0} == 1 ]]; then
   fi
   tail -40 "$logs/bench.log"
 fi
+# Streamed experts (DSF_STREAM_BENCH=1): the perf preset with DSF_STREAM_EXPERTS experts per
+# layer (default 32) on this machine's disk, the store with a device arena at 25 / 50 / 100 %.
+if [[ ${DSF_STREAM_BENCH:-0} == 1 ]]; then
+  n_exp=${DSF_STREAM_EXPERTS:-32}
+  sperf=${DSF_STREAM_DIR:-/tmp}/perf-e$n_exp.gguf
+  if [[ ! -f $sperf ]]; then
+    t0=$SECONDS
+    out/gpu/bin/dsflash mkmodel --preset perf --experts "$n_exp" --out "$sperf" --no-progress >> "$logs/stream.log" 2>&1 || rc=1
+    echo "mkmodel perf --experts $n_exp: $((SECONDS - t0)) s" >> "$logs/stream.log"
+  fi
+  out/gpu/bin/expert_stream_bench --model "$sperf" --store-bin "$DSF_EXPERTSTORE_BIN" --label "perf-e$n_exp" \
+    --fractions "${DSF_STREAM_FRACTIONS:-0.25,0.5,1}" --decode "${DSF_STREAM_DECODE:-256}" \
+    --prefetch "${DSF_STREAM_PREFETCH:-on}" --csv "$logs/bench.csv" >> "$logs/stream.log" 2>&1 || rc=1
+  tail -20 "$logs/stream.log"
+fi
 # Expert store: hit path and miss path (host and device arenas) on the mid synthetic model
 # written to this machine's disk.
 if [[ ${DSF_SKIP_STORE_BENCH:-0} != 1 ]]; then

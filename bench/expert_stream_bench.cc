@@ -1,0 +1,289 @@
+// Streamed experts on the GPU (issue 7), rows appended to bench/results.csv: the real
+// dsflash-expertstore with a device arena of a given fraction of the model's experts as a
+// second process, this process on the CUDA backend importing the arena; a prefill, then a
+// decode of N tokens (greedy). Per arena fraction: hit rate, misses and bytes read per token,
+// time blocked in acquire per token, decode tok/s against the all-resident CUDA run of the same
+// file and against the bound the disk sets for the bytes read (raw O_DIRECT rate). The routing
+// is the model's own; its measured skew (share of picks taken by the top quarter of a layer's
+// experts) and token-to-token reuse are reported with it.
+//   expert_stream_bench --model M.gguf --store-bin PATH [--fractions 0.25,0.5,1] [--prompt 64]
+//                       [--decode 256] [--readers 4] [--prefetch on|off] [--csv F] [--label L]
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "dsflash/v1/expertstore.grpc.pb.h"
+#include "expertstore_svc/slice_map.h"
+#include "expertstore_svc/staging.h"
+#include "inference_svc/expert_client/expert_client.h"
+#include "inference_svc/model/model.h"
+#include "tools/dsflash/args.h"
+#include "tools/dsflash/bench_csv.h"
+
+extern char** environ;
+
+namespace dsflash {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// The client with its acquires recorded: (layer, expert) per acquire and the time spent in them.
+class Recorder final : public model::ExpertSource {
+ public:
+  explicit Recorder(std::unique_ptr<expertclient::ExpertClient> c) : c_(std::move(c)) {}
+  StatusOr<model::ExpertWeights> acquire(int layer, int expert) override {
+    const auto t0 = Clock::now();
+    auto w = c_->acquire(layer, expert);
+    blocked_s += secs(t0, Clock::now());
+    if (recording) picks[layer].back().insert(expert);
+    return w;
+  }
+  void release(int layer, int expert) override { c_->release(layer, expert); }
+  void prefetch(int layer, const std::vector<int>& experts) override { c_->prefetch(layer, experts); }
+  kernels::Backend memory() const override { return c_->memory(); }
+  size_t lease_budget() const override { return c_->lease_budget(); }
+  expertclient::ExpertClient& client() { return *c_; }
+  void next_token(int n_layer) {
+    if (picks.empty()) picks.resize(static_cast<size_t>(n_layer));
+    for (auto& p : picks) p.emplace_back();
+  }
+  double blocked_s = 0;
+  bool recording = false;
+  std::vector<std::vector<std::set<int>>> picks;  // [layer][token] experts acquired
+
+ private:
+  std::unique_ptr<expertclient::ExpertClient> c_;
+};
+
+struct StoreProc {
+  pid_t pid = -1;
+  ~StoreProc() {
+    if (pid > 0) ::kill(pid, SIGTERM), ::waitpid(pid, nullptr, 0);
+  }
+};
+
+StatusOr<v1::StoreStats> store_stats(const std::string& sock) {
+  auto stub = v1::ExpertStore::NewStub(grpc::CreateChannel(sock, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::StoreStats st;
+  const grpc::Status s = stub->GetStats(&ctx, v1::GetStatsRequest(), &st);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  return st;
+}
+
+// Raw O_DIRECT pread rate of up to 4 GiB of expert slices with `threads` threads (bytes/s).
+StatusOr<double> disk_rate(const gguf::Model& m, const expertstore::SliceMap& map, int threads) {
+  struct Ref {
+    uint32_t shard;
+    uint64_t offset, bytes;
+  };
+  std::vector<Ref> refs;
+  uint64_t total = 0;
+  for (uint32_t l = 0; l < map.n_layers() && total < (4ull << 30); ++l) {
+    for (uint32_t e = 0; e < map.n_experts() && total < (4ull << 30); ++e) {
+      ASSIGN_OR_RETURN(const expertstore::ExpertSlices s, map.at(l, e));
+      for (const auto* x : {&s.gate, &s.up, &s.down}) refs.push_back({x->shard, x->file_offset, x->bytes}), total += x->bytes;
+    }
+  }
+  std::vector<int> fds;
+  for (size_t i = 0; i < m.n_shards(); ++i) {
+    const int fd = ::open(m.shard(i).path().c_str(), O_RDONLY | O_DIRECT);
+    if (fd < 0) return absl::FailedPreconditionError(absl::StrCat("O_DIRECT open of ", m.shard(i).path(), " failed"));
+    fds.push_back(fd);
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      uint64_t cap = 0;
+      for (const Ref& r : refs) cap = std::max<uint64_t>(cap, expertstore::SliceReader::staging_bytes(r.bytes));
+      void* buf = nullptr;
+      if (posix_memalign(&buf, 4096, cap) != 0) return failed.store(true);
+      for (size_t i; (i = next++) < refs.size();) {
+        const Ref& r = refs[i];
+        const uint64_t a = r.offset / 4096 * 4096, e = (r.offset + r.bytes + 4095) / 4096 * 4096;
+        if (::pread(fds[r.shard], buf, e - a, static_cast<off_t>(a)) <= 0) failed = true;
+      }
+      std::free(buf);
+    });
+  }
+  for (auto& t : pool) t.join();
+  const double s = secs(t0, Clock::now());
+  for (int fd : fds) ::close(fd);
+  if (failed) return absl::DataLossError("raw O_DIRECT pread failed");
+  return static_cast<double>(total) / s;
+}
+
+std::vector<int32_t> prompt_of(const config::ModelConfig& c, int64_t n) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(3 + (i * 7919) % (c.n_vocab - 3));
+  return p;
+}
+
+// Prefill, then n greedy decode steps; returns the step times (ms). `before_decode` runs between.
+StatusOr<std::vector<double>> decode(const model::Model& m, int64_t n_prompt, int64_t n,
+                                     const std::function<void()>& before_decode, Recorder* rec) {
+  auto seq = m.new_sequence();
+  if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
+  std::vector<float> logits;
+  RETURN_IF_ERROR(m.forward(*seq, prompt_of(m.config(), n_prompt), false, &logits));
+  before_decode();
+  std::vector<double> ms;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (rec != nullptr) rec->next_token(static_cast<int>(m.config().n_layer));
+    const auto t0 = Clock::now();
+    RETURN_IF_ERROR(m.forward(*seq, {next}, false, &logits));
+    ms.push_back(secs(t0, Clock::now()) * 1e3);
+  }
+  return ms;
+}
+
+// Share of a layer's picks taken by its top quarter of experts, and experts a token shares with
+// the previous token, both averaged over layers.
+std::pair<double, double> routing_stats(const std::vector<std::vector<std::set<int>>>& picks, uint32_t n_expert) {
+  double top_share = 0, reuse = 0;
+  for (const auto& layer : picks) {
+    std::vector<double> count(n_expert, 0);
+    double total = 0, shared = 0;
+    for (size_t t = 0; t < layer.size(); ++t) {
+      for (int e : layer[t]) count[static_cast<size_t>(e)] += 1, total += 1;
+      if (t > 0) {
+        for (int e : layer[t]) shared += layer[t - 1].count(e);
+      }
+    }
+    std::sort(count.rbegin(), count.rend());
+    double top = 0;
+    for (size_t i = 0; i < std::max<size_t>(1, n_expert / 4); ++i) top += count[i];
+    top_share += total > 0 ? top / total : 0;
+    reuse += layer.size() > 1 ? shared / static_cast<double>(layer.size() - 1) : 0;
+  }
+  const double n = std::max<size_t>(1, picks.size());
+  return {top_share / n, reuse / n};
+}
+
+Status run_bench(const tools::Args& a) {
+  const std::string model = a.get_or("model", ""), csv = a.get_or("csv", "bench/results.csv");
+  const int64_t n_prompt = std::atoll(a.get_or("prompt", "64").c_str()), n_decode = std::atoll(a.get_or("decode", "256").c_str());
+  const int readers = std::atoi(a.get_or("readers", "4").c_str());
+  const bool prefetch = a.get_or("prefetch", "on") == "on";
+  ASSIGN_OR_RETURN(auto file, gguf::Model::open(model));
+  ASSIGN_OR_RETURN(const config::ModelConfig cfg, config::from_gguf(*file));
+  ASSIGN_OR_RETURN(const expertstore::SliceMap map, expertstore::SliceMap::build(*file, cfg));
+  const std::string label = a.get_or("label", cfg.name);
+  const uint64_t all = uint64_t{cfg.n_layer} * cfg.n_expert;
+  ASSIGN_OR_RETURN(const double disk, disk_rate(*file, map, readers));
+  std::fprintf(stderr, "raw O_DIRECT read rate: %.0f MB/s (%d threads)\n", disk / 1e6, readers);
+  // The all-resident rate (graph decode) of the same file.
+  double resident_tps = 0;
+  {
+    ASSIGN_OR_RETURN(auto m, model::Model::load(*file, nullptr, model::LoadOptions{kernels::Backend::kCuda}));
+    ASSIGN_OR_RETURN(const auto ms, decode(*m, n_prompt, std::min<int64_t>(n_decode, 64), [] {}, nullptr));
+    resident_tps = 1e3 / tools::median(ms);
+  }
+  std::fprintf(stderr, "all resident: %.2f tok/s\n", resident_tps);
+  for (absl::string_view f : absl::StrSplit(a.get_or("fractions", "0.25,0.5,1"), ',')) {
+    const double frac = std::atof(std::string(f).c_str());
+    if (frac <= 0 || frac > 1) return absl::InvalidArgumentError("--fractions: values in (0, 1]");
+    const uint64_t slots = std::max<uint64_t>(cfg.n_expert_used, static_cast<uint64_t>(frac * static_cast<double>(all) + 0.5));
+    const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("dsf_stream_", ::getpid());
+    std::filesystem::create_directories(dir);
+    const std::string sock = "unix:" + dir + "/store.sock";
+    std::vector<std::string> args = {a.get_or("store-bin", ""), "--model", model, "--listen", sock, "--metrics", "off",
+                                     "--budget", std::to_string(slots * map.slot_bytes()), "--arena", "device",
+                                     "--reader-threads", std::to_string(readers)};
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    StoreProc proc;
+    if (posix_spawn(&proc.pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("cannot start ", args[0]));
+    }
+    ASSIGN_OR_RETURN(const std::string fp, file->fingerprint("_exps."));
+    auto client = std::make_unique<expertclient::ExpertClient>(
+        expertclient::ClientOptions{.address = sock, .model_fingerprint = fp, .device_arena = true}, cfg);
+    RETURN_IF_ERROR(client->wait_connected(std::chrono::seconds(60)));
+    auto rec_owned = std::make_unique<Recorder>(std::move(client));
+    Recorder* rec = rec_owned.get();
+    ASSIGN_OR_RETURN(auto m, model::Model::load(*file, std::move(rec_owned),
+                                                model::LoadOptions{kernels::Backend::kCuda, prefetch}));
+    uint64_t hits0 = 0, misses0 = 0, bytes0 = 0, evict0 = 0;
+    ASSIGN_OR_RETURN(const auto ms, decode(*m, n_prompt, n_decode, [&] {
+      hits0 = rec->client().hits(), misses0 = rec->client().misses();
+      auto st = store_stats(sock);
+      if (st.ok()) bytes0 = st->bytes_read(), evict0 = st->evictions();
+      rec->blocked_s = 0;
+      rec->recording = true;
+    }, rec));
+    ASSIGN_OR_RETURN(const v1::StoreStats st, store_stats(sock));
+    const double n = static_cast<double>(n_decode);
+    const double hits = static_cast<double>(rec->client().hits() - hits0), misses = static_cast<double>(rec->client().misses() - misses0);
+    const double bytes = static_cast<double>(st.bytes_read() - bytes0) / n;
+    double total_ms = 0;
+    for (double x : ms) total_ms += x;
+    const double tps = n / (total_ms / 1e3);
+    const auto [top_share, reuse] = routing_stats(rec->picks, cfg.n_expert);
+    const std::string config = absl::StrCat(label, " experts=", all, " arena=", static_cast<int>(frac * 100 + 0.5), "% slots=",
+                                            slots, " prompt=", n_prompt, " decode=", n_decode, " readers=", readers,
+                                            " prefetch=", prefetch ? "on" : "off", " top-quarter share=", top_share,
+                                            " reuse=", reuse);
+    std::fprintf(stderr, "%s\n", config.c_str());
+    RETURN_IF_ERROR(tools::append_bench_rows(
+        csv, "expert_streaming", config,
+        {{"hit_rate", hits / std::max(1.0, hits + misses), "ratio"},
+         {"misses_per_token", misses / n, "experts"},
+         {"bytes_read_per_token", bytes / 1e6, "MB"},
+         {"evictions_per_token", static_cast<double>(st.evictions() - evict0) / n, "experts"},
+         {"blocked_on_experts_per_token", rec->blocked_s * 1e3 / n, "ms"},
+         {"decode_tokens_per_s", tps, "tok/s"},
+         {"decode_step_ms_median", tools::median(ms), "ms"},
+         {"resident_decode_tokens_per_s", resident_tps, "tok/s"},
+         {"vs_resident", tps / resident_tps, "ratio"},
+         {"disk_read_rate", disk / 1e6, "MB/s"},
+         {"disk_bound_tokens_per_s", bytes > 0 ? disk / bytes : 0.0, "tok/s"},
+         {"vs_disk_bound", bytes > 0 ? tps / (disk / bytes) : 0.0, "ratio"}}));
+    m.reset();
+    std::filesystem::remove_all(dir);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace dsflash
+
+int main(int argc, char** argv) {
+  std::vector<std::string> v(argv + 1, argv + argc);
+  auto a = dsflash::tools::Args::parse(v, {}, {"model", "store-bin", "fractions", "prompt", "decode", "readers", "prefetch",
+                                               "csv", "label"});
+  if (!a.ok() || !a->has("model") || !a->has("store-bin")) {
+    std::fprintf(stderr,
+                 "usage: expert_stream_bench --model M.gguf --store-bin PATH [--fractions 0.25,0.5,1] [--prompt 64] "
+                 "[--decode 256] [--readers 4] [--prefetch on|off] [--csv F] [--label L]\n");
+    return 2;
+  }
+  const dsflash::Status s = dsflash::run_bench(*a);
+  if (!s.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
