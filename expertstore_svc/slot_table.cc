@@ -11,7 +11,7 @@
 namespace dsflash::expertstore {
 namespace {
 
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 
 }  // namespace
 
@@ -34,7 +34,7 @@ SlotTable SlotTable::create(void* table, void* leases, uint32_t n_layers, uint32
   for (size_t i = 0; i < size_t{n_layers} * n_experts; ++i) new (&t.experts_[i]) ExpertEntry{};
   for (uint32_t s = 0; s < n_slots; ++s) new (&t.slots_[s]) SlotEntry{}, t.slots_[s].expert.store(-1);
   auto* q = static_cast<uint8_t*>(leases);
-  new (q) LeaseHeader{kLeaseTableMagic, kVersion, n_slots};
+  t.lh_ = new (q) LeaseHeader{kLeaseTableMagic, kVersion, n_slots, {}};
   t.sessions_ = reinterpret_cast<SessionEntry*>(q + sizeof(LeaseHeader));
   t.leases_ = reinterpret_cast<SlotLeases*>(q + sizeof(LeaseHeader) + sizeof(SessionEntry) * kSessions);
   for (uint32_t i = 0; i < kSessions; ++i) new (&t.sessions_[i]) SessionEntry{};
@@ -49,7 +49,8 @@ StatusOr<SlotTable> SlotTable::attach(const void* table, size_t table_size, void
   SlotTable t;
   auto* p = static_cast<uint8_t*>(const_cast<void*>(table));  // read-only mapping: never written here
   t.h_ = reinterpret_cast<TableHeader*>(p);
-  const auto* lh = static_cast<const LeaseHeader*>(leases);
+  auto* lh = static_cast<LeaseHeader*>(leases);
+  t.lh_ = lh;
   if (t.h_->magic != kSlotTableMagic || t.h_->version != kVersion || lh->magic != kLeaseTableMagic ||
       lh->version != kVersion) {
     return absl::InvalidArgumentError("slot table region has a bad magic or version");

@@ -18,7 +18,8 @@
 // then read with sequentially consistent atomics, so at least one of them sees the other: a
 // leased slot is never evicted or overwritten. Eviction takes an empty slot, else the unleased
 // slot with the oldest use tick (LRU among unleased slots; clients write the tick on every
-// hit), or, with set_eviction(f), a random one among the oldest fraction f of them.
+// hit), or, with set_eviction(f), a random one among the oldest fraction f of them. Use ticks
+// come from one clock in the lease region that the store and every client advance.
 #pragma once
 
 #include <atomic>
@@ -60,6 +61,9 @@ struct alignas(64) LeaseHeader {
   uint64_t magic;
   uint32_t version;
   uint32_t n_slots;
+  // The use clock every process ticks (SlotTable::next_tick): the store's loads and the
+  // clients' hits order on one time line, so LRU compares like with like.
+  std::atomic<uint64_t> clock;
 };
 
 // Written by the client that owns the session (hits are counted without an RPC).
@@ -91,6 +95,9 @@ class SlotTable {
   static StatusOr<SlotTable> attach(const void* table, size_t table_size, void* leases, size_t leases_size);
 
   const TableHeader& header() const { return *h_; }
+  // The next tick of the shared use clock (store and clients alike pass it to try_acquire and
+  // publish).
+  uint64_t next_tick() { return lh_->clock.fetch_add(1, std::memory_order_relaxed) + 1; }
 
   // ---- client side (hit path: no RPC) ----
   // A lease for `session` on the resident copy of (layer, expert), or nullopt if it is not
@@ -132,6 +139,7 @@ class SlotTable {
   uint64_t next_random();
 
   TableHeader* h_ = nullptr;
+  LeaseHeader* lh_ = nullptr;
   ExpertEntry* experts_ = nullptr;
   SlotEntry* slots_ = nullptr;
   SessionEntry* sessions_ = nullptr;

@@ -97,7 +97,7 @@ class Store {
   bool prefetch(uint32_t layer, uint32_t expert, bool demand = false);
   Status release(const Lease& lease);
   StoreStats stats() const;
-  uint64_t tick() { return ++tick_; }
+  uint64_t tick() { return table_.next_tick(); }
 
  private:
   struct Load {
@@ -122,7 +122,6 @@ class Store {
   std::unique_ptr<SliceReader> reader_;
   std::mutex observer_mu_;
   std::shared_ptr<const std::function<void(const LoadEvent&)>> on_load_;
-  std::atomic<uint64_t> tick_{0};
 
   mutable std::mutex mu_;
   std::condition_variable work_cv_;

@@ -50,9 +50,11 @@ if [[ ${DSF_STREAM_BENCH:-0} == 1 ]]; then
     out/gpu/bin/dsflash mkmodel --preset perf --experts "$n_exp" --out "$sperf" --no-progress >> "$logs/stream.log" 2>&1 || rc=1
     echo "mkmodel perf --experts $n_exp: $((SECONDS - t0)) s" >> "$logs/stream.log"
   fi
-  out/gpu/bin/expert_stream_bench --model "$sperf" --store-bin "$DSF_EXPERTSTORE_BIN" --label "perf-e$n_exp" \
-    --fractions "${DSF_STREAM_FRACTIONS:-0.25,0.5,1}" --decode "${DSF_STREAM_DECODE:-256}" \
-    --prefetch "${DSF_STREAM_PREFETCH:-on}" --csv "$logs/bench.csv" >> "$logs/stream.log" 2>&1 || rc=1
+  for pf in ${DSF_STREAM_PREFETCH:-on off}; do
+    out/gpu/bin/expert_stream_bench --model "$sperf" --store-bin "$DSF_EXPERTSTORE_BIN" --label "perf-e$n_exp" \
+      --fractions "${DSF_STREAM_FRACTIONS:-0.25,0.5,1}" --decode "${DSF_STREAM_DECODE:-256}" \
+      --prefetch "$pf" --csv "$logs/bench.csv" >> "$logs/stream.log" 2>&1 || rc=1
+  done
   tail -20 "$logs/stream.log"
 fi
 # Expert store: hit path and miss path (host and device arenas) on the mid synthetic model

@@ -245,7 +245,7 @@ StatusOr<model::ExpertWeights> ExpertClient::acquire(int layer, int expert) {
   const auto t0 = Clock::now();
   const uint32_t row = s->info.lease_row();
   expertstore::Lease lease;
-  const auto hit = s->table.try_acquire(row, static_cast<uint32_t>(layer), static_cast<uint32_t>(expert), ++tick_);
+  const auto hit = s->table.try_acquire(row, static_cast<uint32_t>(layer), static_cast<uint32_t>(expert), s->table.next_tick());
   if (hit) {
     lease = *hit;
     s->table.count_hit(row);

@@ -84,7 +84,7 @@ class ExpertClient final : public model::ExpertSource {
   const config::ModelConfig cfg_;
   FetchObserver observer_;
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> hits_{0}, misses_{0}, tick_{0};
+  std::atomic<uint64_t> hits_{0}, misses_{0};
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   std::shared_ptr<Session> session_;

@@ -62,6 +62,27 @@ std::optional<uint32_t> load(SlotTable& t, uint32_t layer, uint32_t expert, uint
   return slot;
 }
 
+// The store and a client (another mapping of the same regions) tick one clock: a hit the
+// client takes after the store's loads is the most recent use, whatever either has counted.
+TEST(SlotTable, StoreAndClientShareOneUseClock) {
+  Table tb(1, 8, 2);
+  SlotTable& store = tb.table;
+  auto client = SlotTable::attach(aligned(tb.mem), tb.mem.size() - 64, aligned(tb.lease_mem), tb.lease_mem.size() - 64);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (int i = 0; i < 1000; ++i) store.next_tick();  // the store has been busy
+  ASSERT_TRUE(load(store, 0, 1, store.next_tick()));
+  ASSERT_TRUE(load(store, 0, 2, store.next_tick()));
+  const uint64_t before = store.next_tick();
+  auto lease = client->try_acquire(0, 0, 1, client->next_tick());  // the client's first tick
+  ASSERT_TRUE(lease.has_value());
+  client->release(*lease);
+  EXPECT_GT(client->next_tick(), before);
+  // (0,2) was used before the client's hit on (0,1): it goes first.
+  ASSERT_TRUE(load(store, 0, 3, store.next_tick()));
+  EXPECT_EQ(store.resident_slot(0, 2), 0u);
+  EXPECT_NE(store.resident_slot(0, 1), 0u);
+}
+
 TEST(SlotTable, HitsMissesAndLruAmongUnleased) {
   Table tb(2, 8, 3);
   SlotTable& t = tb.table;
