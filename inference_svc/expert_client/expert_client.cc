@@ -314,6 +314,13 @@ void ExpertClient::prefetch(int layer, const std::vector<int>& experts) {
   s->stub->async()->Prefetch(&call->ctx, &call->req, &call->resp, [call](grpc::Status) { delete call; });
 }
 
+bool ExpertClient::resident(int layer, int expert) const {
+  std::shared_ptr<Session> s = current();
+  return s && layer >= 0 && expert >= 0 && static_cast<uint32_t>(layer) < cfg_.n_layer &&
+         static_cast<uint32_t>(expert) < cfg_.n_expert &&
+         s->table.resident_slot(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert)) != 0;
+}
+
 size_t ExpertClient::held() const {
   std::lock_guard<std::mutex> l(mu_);
   return held_.size();

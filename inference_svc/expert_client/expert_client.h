@@ -70,6 +70,8 @@ class ExpertClient final : public model::ExpertSource {
   size_t lease_budget() const override;
 
   size_t held() const;
+  // Whether (layer, expert) is resident in the store's arena now (no lease taken).
+  bool resident(int layer, int expert) const;
   uint64_t hits() const { return hits_; }
   uint64_t misses() const { return misses_; }
 
