@@ -115,6 +115,29 @@ TEST(ExpertStoreService, KilledStoreFailsFastAndTheClientReconnects) {
   client->release(1, 1);
 }
 
+// The CUDA backend streams from a device arena only; a host (memfd) arena is refused with the
+// flag that fixes it, by the client (device_arena) and by the model load (a host client).
+TEST(ExpertStoreService, CudaBackendNeedsADeviceArena) {
+  Golden g;
+  TempDir dir;
+  StoreProcess store(dir, golden_model(), "64M", {"--arena", "host"});
+  expertclient::ExpertClient device_client(expertclient::ClientOptions{.address = store.address(),
+                                                                       .model_fingerprint = g.fingerprint,
+                                                                       .reconnect_interval = 100ms,
+                                                                       .device_arena = true},
+                                           g.cfg);
+  const Status refused = device_client.wait_connected(2s);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.message().find("start it with --arena device"), std::string::npos) << refused;
+  EXPECT_EQ(device_client.memory(), kernels::Backend::kCuda);
+  auto host_client = g.client(store.address());
+  ASSERT_TRUE(host_client->wait_connected(10s).ok()) << host_client->availability();
+  auto m = model::Model::load(*g.file, std::move(host_client), model::LoadOptions{kernels::Backend::kCuda});
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(m.status().message().find("--arena device"), std::string::npos) << m.status();
+}
+
 TEST(ExpertStoreService, RefusesOtherModelsAndBadRequests) {
   TempDir dir;
   StoreProcess store(dir, golden_model(), "64M");
