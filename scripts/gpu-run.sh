@@ -41,17 +41,21 @@ if [[ ${DSF_MODEL_BENCH:-0} == 1 ]]; then
   tail -40 "$logs/bench.log"
 fi
 # Streamed experts (DSF_STREAM_BENCH=1): the perf preset with DSF_STREAM_EXPERTS experts per
-# layer (default 32) on this machine's disk, the store with a device arena at 25 / 50 / 100 %.
+# layer (default 32) and routing skew DSF_STREAM_SKEW (mkmodel --routing-skew; default 0.3, 0 =
+# the random router's nearly even picks) on this machine's disk, the store with a device arena
+# at 25 / 50 / 100 %.
 if [[ ${DSF_STREAM_BENCH:-0} == 1 ]]; then
   n_exp=${DSF_STREAM_EXPERTS:-32}
-  sperf=${DSF_STREAM_DIR:-/tmp}/perf-e$n_exp.gguf
+  skew=${DSF_STREAM_SKEW:-0.3}
+  sperf=${DSF_STREAM_DIR:-/tmp}/perf-e$n_exp-s$skew.gguf
   if [[ ! -f $sperf ]]; then
     t0=$SECONDS
-    out/gpu/bin/dsflash mkmodel --preset perf --experts "$n_exp" --out "$sperf" --no-progress >> "$logs/stream.log" 2>&1 || rc=1
-    echo "mkmodel perf --experts $n_exp: $((SECONDS - t0)) s" >> "$logs/stream.log"
+    out/gpu/bin/dsflash mkmodel --preset perf --experts "$n_exp" --routing-skew "$skew" --out "$sperf" --no-progress \
+      >> "$logs/stream.log" 2>&1 || rc=1
+    echo "mkmodel perf --experts $n_exp --routing-skew $skew: $((SECONDS - t0)) s" >> "$logs/stream.log"
   fi
   for pf in ${DSF_STREAM_PREFETCH:-on off}; do
-    out/gpu/bin/expert_stream_bench --model "$sperf" --store-bin "$DSF_EXPERTSTORE_BIN" --label "perf-e$n_exp" \
+    out/gpu/bin/expert_stream_bench --model "$sperf" --store-bin "$DSF_EXPERTSTORE_BIN" --label "perf-e$n_exp-skew$skew" \
       --fractions "${DSF_STREAM_FRACTIONS:-0.25,0.5,1}" --decode "${DSF_STREAM_DECODE:-256}" \
       --prefetch "$pf" --csv "$logs/bench.csv" >> "$logs/stream.log" 2>&1 || rc=1
   done

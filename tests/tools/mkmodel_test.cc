@@ -1,10 +1,12 @@
 // Synthetic models: the tiny preset passes configuration and inventory validation, is
 // deterministic in its seed, splits into shards, carries a working tokenizer and an Engram
-// token map built from it; the perf preset's plan has the released shape.
+// token map built from it; the perf preset's plan has the released shape; --routing-skew
+// gives each layer Zipf-like routing biases, and the routing of a forward pass follows them.
 #include "common/config/config.h"
 #include "common/gguf/gguf.h"
 #include "common/tokenizer/tokenizer.h"
 #include "gtest/gtest.h"
+#include "inference_svc/model/model.h"
 #include "tests/test_util.h"
 #include "tools/dsflash/synth_model.h"
 
@@ -48,6 +50,59 @@ TEST(Mkmodel, TinyIsAValidV41Model) {
   double mean = 0;
   for (float v : w) mean += v;
   EXPECT_NEAR(mean / static_cast<double>(w.size()), 1.0, 0.05);
+}
+
+// The share of a layer's routed picks taken by its most picked quarter of experts, over a
+// 64-token prefill of the model at `path` (CPU backend), averaged over layers.
+double top_quarter_share(const std::string& path) {
+  auto m = gguf::Model::open(path);
+  EXPECT_TRUE(m.ok());
+  auto model = model::Model::load(**m);
+  EXPECT_TRUE(model.ok()) << model.status();
+  const uint32_t E = (*model)->config().n_expert;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 64; ++i) tokens.push_back(3 + (i * 7919) % 200);
+  double share = 0;
+  int layers = 0;
+  auto seq = (*model)->new_sequence();
+  std::vector<float> logits;
+  const Status s = (*model)->forward(*seq, tokens, false, &logits, [&](const std::string& name, float* d, int64_t rows,
+                                                                      int64_t cols) {
+    if (name.find(".moe.indices") == std::string::npos) return;
+    std::vector<double> count(E, 0);
+    for (int64_t i = 0; i < rows * cols; ++i) count[static_cast<size_t>(d[i])] += 1;
+    std::sort(count.rbegin(), count.rend());
+    double top = 0;
+    for (uint32_t i = 0; i < E / 4; ++i) top += count[i];
+    share += top / static_cast<double>(rows * cols);
+    ++layers;
+  });
+  EXPECT_TRUE(s.ok()) << s;
+  return share / std::max(layers, 1);
+}
+
+TEST(Mkmodel, RoutingSkewBiasesEachLayerTowardsSomeExperts) {
+  TempDir dir;
+  SynthOptions o;
+  o.routing_skew = 0.3f;
+  ASSERT_TRUE(write_synthetic_model(o, dir.file("skew.gguf"), 1).ok());
+  ASSERT_TRUE(write_synthetic_model(SynthOptions{}, dir.file("even.gguf"), 1).ok());
+  auto m = gguf::Model::open(dir.file("skew.gguf"));
+  ASSERT_TRUE(m.ok());
+  std::vector<std::vector<float>> biases;
+  for (const char* name : {"blk.0.exp_probs_b.bias", "blk.1.exp_probs_b.bias"}) {
+    const gguf::TensorInfo* t = (*m)->find_tensor(name);
+    ASSERT_NE(t, nullptr);
+    std::vector<float> b(t->n_elems);
+    ASSERT_TRUE(quant::decode_row(t->type, *(*m)->data(*t), b.data(), static_cast<int64_t>(b.size())).ok());
+    biases.push_back(b);
+    std::sort(b.rbegin(), b.rend());  // the values: -0.3 ln(1 + rank)
+    for (size_t r = 0; r < b.size(); ++r) EXPECT_FLOAT_EQ(b[r], -0.3f * std::log(1.0f + static_cast<float>(r)));
+  }
+  EXPECT_NE(biases[0], biases[1]);  // each layer prefers its own experts
+  const double skewed = top_quarter_share(dir.file("skew.gguf")), even = top_quarter_share(dir.file("even.gguf"));
+  std::printf("top quarter of experts takes %.3f of picks with skew 0.3, %.3f without\n", skewed, even);
+  EXPECT_GT(skewed, even + 0.1);
 }
 
 TEST(Mkmodel, DeterministicInTheSeed) {

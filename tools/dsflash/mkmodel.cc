@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "absl/strings/numbers.h"
 #include "tools/dsflash/args.h"
 #include "tools/dsflash/commands.h"
 #include "tools/dsflash/synth_model.h"
@@ -28,11 +29,11 @@ void progress_bar(uint64_t done, uint64_t total) {
 }  // namespace
 
 int mkmodel_main(const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {"no-progress"}, {"out", "preset", "seed", "shards", "experts", "threads"});
+  auto args = Args::parse(argv, {"no-progress"}, {"out", "preset", "seed", "shards", "experts", "threads", "routing-skew"});
   if (!args.ok() || !args->has("out") || !args->positional().empty()) {
     std::fprintf(stderr,
                  "usage: dsflash mkmodel --out PATH [--preset tiny|perf] [--seed N] [--shards N] [--experts N] "
-                 "[--threads N] [--no-progress]\n%s\n",
+                 "[--threads N] [--routing-skew Z] [--no-progress]\n%s\n",
                  args.ok() ? "" : std::string(args.status().message()).c_str());
     return 2;
   }
@@ -52,6 +53,12 @@ int mkmodel_main(const std::vector<std::string>& argv) {
     std::fprintf(stderr, "error: --seed >= 0, --shards in 1..65535, --experts in 0..4096, --threads >= 0\n");
     return 2;
   }
+  double skew = 0;
+  if (args->has("routing-skew") && (!absl::SimpleAtod(*args->get("routing-skew"), &skew) || !(skew >= 0 && skew <= 10))) {
+    std::fprintf(stderr, "error: --routing-skew takes a number in 0..10\n");
+    return 2;
+  }
+  o.routing_skew = static_cast<float>(skew);
   o.seed = static_cast<uint64_t>(*seed);
   o.n_expert = static_cast<uint32_t>(*experts);
   o.threads = static_cast<uint32_t>(*threads);

@@ -164,6 +164,15 @@ class Builder {
   void vec(const std::string& name, std::vector<uint64_t> ne, Init init, GgmlType t = GgmlType::kF32) {
     add(name, std::move(ne), t, init);
   }
+  // A one-row F32 tensor with the given values.
+  void values(const std::string& name, std::vector<float> v) {
+    if (!status_.ok()) return;
+    const uint64_t n = v.size();
+    status_ = w_.add_tensor(name, {n}, GgmlType::kF32, [v](uint8_t* dst, uint64_t) -> Status {
+      return quant::encode_row(GgmlType::kF32, v.data(), dst, static_cast<int64_t>(v.size()));
+    });
+  }
+  const SynthOptions& options() const { return o_; }
   Status status() const { return status_; }
 
  private:
@@ -290,6 +299,17 @@ void write_tokenizer(gguf::Writer& w, const tok::Vocab& v) {
 
 // ---- tensors --------------------------------------------------------------------------------
 
+// -skew * ln(1 + rank) for the experts in a random order (seeded): Zipf-like selection odds.
+std::vector<float> skewed_bias(uint32_t E, float skew, uint64_t seed) {
+  std::vector<uint32_t> order(E);
+  for (uint32_t e = 0; e < E; ++e) order[e] = e;
+  uint64_t s = seed;
+  for (uint32_t i = E; i > 1; --i) std::swap(order[i - 1], order[splitmix(s) % i]);
+  std::vector<float> bias(E);
+  for (uint32_t rank = 0; rank < E; ++rank) bias[order[rank]] = -skew * std::log(1.0f + static_cast<float>(rank));
+  return bias;
+}
+
 void add_layer(Builder& b, const Dims& d, const config::LayerConfig& L) {
   const uint64_t D = d.D, C = d.hc, M = (2 + C) * C;
   auto n = [&](const char* s) { return absl::StrCat("blk.", L.index, ".", s); };
@@ -319,7 +339,11 @@ void add_layer(Builder& b, const Dims& d, const config::LayerConfig& L) {
     b.matrix(n("indexer.proj.weight"), {D, d.idx_heads}, d.t_dense_f);
   }
   b.matrix(n("ffn_gate_inp.weight"), {D, d.E}, d.t_dense_f);
-  b.vec(n("exp_probs_b.bias"), {d.E}, {0.0f, 0.01f});
+  if (b.options().routing_skew > 0) {
+    b.values(n("exp_probs_b.bias"), skewed_bias(d.E, b.options().routing_skew, b.options().seed * 1000003 + L.index));
+  } else {
+    b.vec(n("exp_probs_b.bias"), {d.E}, {0.0f, 0.01f});
+  }
   b.matrix(n("ffn_gate_exps.weight"), {D, d.F, d.E}, d.t_gate_up);
   b.matrix(n("ffn_up_exps.weight"), {D, d.F, d.E}, d.t_gate_up);
   b.matrix(n("ffn_down_exps.weight"), {d.F, D, d.E}, d.t_down);

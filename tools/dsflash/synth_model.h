@@ -21,6 +21,10 @@ struct SynthOptions {
   std::string preset = "tiny";   // tiny | mid | perf
   uint64_t seed = 1;
   uint32_t n_expert = 0;         // 0: the preset's default (tiny 8, perf 16)
+  // Skewed expert popularity: each layer's routing bias exp_probs_b is -skew * ln(1 + rank)
+  // over a random order of its experts (a Zipf-like preference, as trained routers show);
+  // 0: a small random bias (nearly even popularity).
+  float routing_skew = 0;
   uint32_t threads = 0;          // 0: hardware concurrency
 };
 
