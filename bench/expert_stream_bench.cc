@@ -8,10 +8,6 @@
 // experts) and token-to-token reuse are reported with it.
 //   expert_stream_bench --model M.gguf --store-bin PATH [--fractions 0.25,0.5,1] [--prompt 64]
 //                       [--decode 256] [--readers 4] [--prefetch on|off] [--csv F] [--label L]
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,10 +28,10 @@
 #include "expertstore_svc/staging.h"
 #include "inference_svc/expert_client/expert_client.h"
 #include "inference_svc/model/model.h"
+#include "bench/slice_read.h"
+#include "bench/store_process.h"
 #include "tools/dsflash/args.h"
 #include "tools/dsflash/bench_csv.h"
-
-extern char** environ;
 
 namespace dsflash {
 namespace {
@@ -88,13 +84,6 @@ class Recorder final : public model::ExpertSource {
   std::map<std::pair<int, int>, bool> at_routing_;
 };
 
-struct StoreProc {
-  pid_t pid = -1;
-  ~StoreProc() {
-    if (pid > 0) ::kill(pid, SIGTERM), ::waitpid(pid, nullptr, 0);
-  }
-};
-
 StatusOr<v1::StoreStats> store_stats(const std::string& sock) {
   auto stub = v1::ExpertStore::NewStub(grpc::CreateChannel(sock, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
@@ -107,11 +96,7 @@ StatusOr<v1::StoreStats> store_stats(const std::string& sock) {
 
 // Raw O_DIRECT pread rate of up to 4 GiB of expert slices with `threads` threads (bytes/s).
 StatusOr<double> disk_rate(const gguf::Model& m, const expertstore::SliceMap& map, int threads) {
-  struct Ref {
-    uint32_t shard;
-    uint64_t offset, bytes;
-  };
-  std::vector<Ref> refs;
+  std::vector<bench::SliceRef> refs;
   uint64_t total = 0;
   for (uint32_t l = 0; l < map.n_layers() && total < (4ull << 30); ++l) {
     for (uint32_t e = 0; e < map.n_experts() && total < (4ull << 30); ++e) {
@@ -119,35 +104,7 @@ StatusOr<double> disk_rate(const gguf::Model& m, const expertstore::SliceMap& ma
       for (const auto* x : {&s.gate, &s.up, &s.down}) refs.push_back({x->shard, x->file_offset, x->bytes}), total += x->bytes;
     }
   }
-  std::vector<int> fds;
-  for (size_t i = 0; i < m.n_shards(); ++i) {
-    const int fd = ::open(m.shard(i).path().c_str(), O_RDONLY | O_DIRECT);
-    if (fd < 0) return absl::FailedPreconditionError(absl::StrCat("O_DIRECT open of ", m.shard(i).path(), " failed"));
-    fds.push_back(fd);
-  }
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  const auto t0 = Clock::now();
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&] {
-      uint64_t cap = 0;
-      for (const Ref& r : refs) cap = std::max<uint64_t>(cap, expertstore::SliceReader::staging_bytes(r.bytes));
-      void* buf = nullptr;
-      if (posix_memalign(&buf, 4096, cap) != 0) return failed.store(true);
-      for (size_t i; (i = next++) < refs.size();) {
-        const Ref& r = refs[i];
-        const uint64_t a = r.offset / 4096 * 4096, e = (r.offset + r.bytes + 4095) / 4096 * 4096;
-        if (::pread(fds[r.shard], buf, e - a, static_cast<off_t>(a)) <= 0) failed = true;
-      }
-      std::free(buf);
-    });
-  }
-  for (auto& t : pool) t.join();
-  const double s = secs(t0, Clock::now());
-  for (int fd : fds) ::close(fd);
-  if (failed) return absl::DataLossError("raw O_DIRECT pread failed");
-  return static_cast<double>(total) / s;
+  return bench::raw_pread_rate(m, refs, threads);
 }
 
 std::vector<int32_t> prompt_of(const config::ModelConfig& c, int64_t n) {
@@ -228,13 +185,8 @@ Status run_bench(const tools::Args& a) {
     std::vector<std::string> args = {a.get_or("store-bin", ""), "--model", model, "--listen", sock, "--metrics", "off",
                                      "--budget", std::to_string(slots * map.slot_bytes()), "--arena", "device",
                                      "--reader-threads", std::to_string(readers)};
-    std::vector<char*> argv;
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    StoreProc proc;
-    if (posix_spawn(&proc.pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat("cannot start ", args[0]));
-    }
+    bench::StoreProcess proc;
+    RETURN_IF_ERROR(proc.start(args));
     ASSIGN_OR_RETURN(const std::string fp, file->fingerprint("_exps."));
     auto client = std::make_unique<expertclient::ExpertClient>(
         expertclient::ClientOptions{.address = sock, .model_fingerprint = fp, .device_arena = true}, cfg);

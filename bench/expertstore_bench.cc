@@ -7,10 +7,6 @@
 //    slices with the same number of threads, bytes/s, median of --runs.
 //   expertstore_bench --model M.gguf --store-bin PATH [--runs N] [--threads R] [--csv F] [--label L]
 //                     [--arena host|device]   (the miss path's arena; the hit path uses host)
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -29,61 +25,15 @@
 #include "expertstore_svc/store.h"
 #include "inference_svc/expert_client/expert_client.h"
 #include "tools/dsflash/args.h"
+#include "bench/slice_read.h"
+#include "bench/store_process.h"
 #include "tools/dsflash/bench_csv.h"
-
-extern char** environ;
 
 namespace dsflash {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-struct SliceRef {
-  uint32_t shard;
-  uint64_t offset, bytes;
-};
-
-// Raw O_DIRECT pread of every slice with `threads` threads: bytes/s.
-StatusOr<double> raw_pread_rate(const gguf::Model& m, const std::vector<SliceRef>& slices, int threads) {
-  std::vector<int> fds;
-  for (size_t i = 0; i < m.n_shards(); ++i) {
-    const int fd = ::open(m.shard(i).path().c_str(), O_RDONLY | O_DIRECT);
-    if (fd < 0) return absl::FailedPreconditionError(absl::StrCat("O_DIRECT open of ", m.shard(i).path(), " failed"));
-    fds.push_back(fd);
-  }
-  uint64_t max_bytes = 0, total = 0;
-  for (const auto& s : slices) max_bytes = std::max(max_bytes, s.bytes), total += s.bytes;
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  const auto t0 = Clock::now();
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&] {
-      const size_t cap = expertstore::SliceReader::staging_bytes(max_bytes);
-      void* buf = nullptr;
-      if (posix_memalign(&buf, 4096, cap) != 0) return failed.store(true);
-      for (size_t i; (i = next++) < slices.size();) {
-        const SliceRef& s = slices[i];
-        const uint64_t a = s.offset / 4096 * 4096, e = (s.offset + s.bytes + 4095) / 4096 * 4096;
-        for (uint64_t done = 0; a + done < s.offset + s.bytes;) {
-          const ssize_t n = ::pread(fds[s.shard], static_cast<uint8_t*>(buf) + done, e - a - done, static_cast<off_t>(a + done));
-          if (n <= 0) {
-            failed = true;
-            break;
-          }
-          done += static_cast<uint64_t>(n);
-        }
-      }
-      std::free(buf);
-    });
-  }
-  for (auto& t : pool) t.join();
-  const double s = secs(t0, Clock::now());
-  for (int fd : fds) ::close(fd);
-  if (failed) return absl::DataLossError("raw pread failed");
-  return static_cast<double>(total) / s;
-}
 
 // Every expert through the store (demand loads, all queued at once per layer): bytes/s.
 StatusOr<double> store_load_rate(const std::string& model, int threads, const std::string& arena) {
@@ -115,14 +65,6 @@ StatusOr<double> store_load_rate(const std::string& model, int threads, const st
   return static_cast<double>(store->stats().bytes_read) / s;
 }
 
-// The store process for the hit path.
-struct StoreProc {
-  pid_t pid = -1;
-  ~StoreProc() {
-    if (pid > 0) ::kill(pid, SIGTERM), ::waitpid(pid, nullptr, 0);
-  }
-};
-
 }  // namespace
 
 Status run_bench(const tools::Args& a) {
@@ -131,7 +73,7 @@ Status run_bench(const tools::Args& a) {
   ASSIGN_OR_RETURN(auto file, gguf::Model::open(model));
   ASSIGN_OR_RETURN(const config::ModelConfig cfg, config::from_gguf(*file));
   ASSIGN_OR_RETURN(const expertstore::SliceMap map, expertstore::SliceMap::build(*file, cfg));
-  std::vector<SliceRef> slices;
+  std::vector<bench::SliceRef> slices;
   for (uint32_t l = 0; l < cfg.n_layer; ++l) {
     for (uint32_t e = 0; e < cfg.n_expert; ++e) {
       ASSIGN_OR_RETURN(const expertstore::ExpertSlices s, map.at(l, e));
@@ -142,7 +84,7 @@ Status run_bench(const tools::Args& a) {
   // ---- miss path ----
   std::vector<double> raw, via_store;
   for (int r = 0; r < runs; ++r) {
-    ASSIGN_OR_RETURN(const double x, raw_pread_rate(*file, slices, threads));
+    ASSIGN_OR_RETURN(const double x, bench::raw_pread_rate(*file, slices, threads));
     ASSIGN_OR_RETURN(const double y, store_load_rate(model, threads, arena));
     raw.push_back(x);
     via_store.push_back(y);
@@ -162,13 +104,8 @@ Status run_bench(const tools::Args& a) {
   const std::string sock = "unix:" + dir + "/store.sock";
   std::vector<std::string> args = {a.get_or("store-bin", ""), "--model", model, "--listen", sock, "--metrics", "off",
                                    "--budget", "1T"};
-  std::vector<char*> argv;
-  for (auto& s : args) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  StoreProc proc;
-  if (posix_spawn(&proc.pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot start ", args[0]));
-  }
+  bench::StoreProcess proc;
+  RETURN_IF_ERROR(proc.start(args));
   ASSIGN_OR_RETURN(const std::string fp, file->fingerprint("_exps."));
   expertclient::ExpertClient client(expertclient::ClientOptions{.address = sock, .model_fingerprint = fp}, cfg);
   RETURN_IF_ERROR(client.wait_connected(std::chrono::seconds(30)));
