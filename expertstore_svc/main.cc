@@ -33,6 +33,7 @@ constexpr const char* kUsage =
     "                        (default: the first unix: address + \".fds\")\n"
     "  --metrics HOST:PORT   Prometheus endpoint (default 0.0.0.0:9101; 'off' disables)\n"
     "  --budget SIZE         expert arena bytes, e.g. 512M, 64G (default 1G)\n"
+    "  --host-cache SIZE     a host-memory tier between disk and arena, e.g. 96G (default 0: none)\n"
     "  --reader-threads N    shard reader threads (default 2)\n"
     "  --staging-buffers N   staging ring buffers (default 2 per reader)\n"
     "  --pin-staging BOOL    page-lock the staging ring; failure is an error (default true)\n"
@@ -98,6 +99,7 @@ int parse_flags(int argc, char** argv, Flags* f) {
     else if (a == "--fd-socket") f->fd_socket = v;
     else if (a == "--metrics") f->metrics = v;
     else if (a == "--budget") ok = ok && parse_size(v, &f->store.budget_bytes);
+    else if (a == "--host-cache") ok = ok && parse_size(v, &f->store.host_cache_bytes);
     else if (a == "--reader-threads") ok = ok && absl::SimpleAtoi(v, &f->store.reader_threads) && f->store.reader_threads > 0;
     else if (a == "--staging-buffers") ok = ok && absl::SimpleAtoi(v, &f->store.staging_buffers) && f->store.staging_buffers >= 0;
     else if (a == "--pin-staging") ok = ok && parse_bool(v, &f->store.pin_staging);

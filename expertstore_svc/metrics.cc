@@ -28,6 +28,7 @@ StoreMetrics::StoreMetrics(const Store& store) : store_(store), registry_(std::m
   evictions_ = counter(r, p + "evictions_total", "Resident experts evicted to make room");
   bytes_read_ = counter(r, p + "bytes_read_total", "Expert bytes read from the shards");
   prefetches_ = counter(r, p + "prefetches_total", "Prefetch loads queued");
+  host_tier_hits_ = counter(r, p + "host_cache_hits_total", "Expert loads served from the host-memory tier (no disk read)");
   loads_ = &prometheus::BuildCounter().Name(p + "loads_total").Help("Expert loads by result").Register(r);
   rejected_ = &prometheus::BuildCounter()
                    .Name(p + "files_rejected_total")
@@ -91,6 +92,7 @@ void StoreMetrics::refresh() {
   evictions_->Increment(static_cast<double>(s.evictions - last_.evictions));
   bytes_read_->Increment(static_cast<double>(s.bytes_read - last_.bytes_read));
   prefetches_->Increment(static_cast<double>(s.prefetches - last_.prefetches));
+  host_tier_hits_->Increment(static_cast<double>(s.host_tier_hits - last_.host_tier_hits));
   last_ = s;
   const double slot = static_cast<double>(store_.slices().slot_bytes());
   resident_slots_->Set(s.resident);

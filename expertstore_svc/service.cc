@@ -321,6 +321,8 @@ grpc::ServerUnaryReactor* ExpertStoreService::GetStats(grpc::CallbackServerConte
   out->set_load_failures(s.load_failures);
   out->set_bytes_read(s.bytes_read);
   out->set_prefetches(s.prefetches);
+  out->set_host_tier_hits(s.host_tier_hits);
+  out->set_host_tier_slots(s.host_tier_slots);
   out->set_slots(s.slots);
   out->set_resident(s.resident);
   out->set_leased(s.leased);

@@ -36,7 +36,7 @@ class StoreMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::mutex mu_;
   StoreStats last_;
-  prometheus::Counter *hits_, *misses_, *evictions_, *bytes_read_, *prefetches_;
+  prometheus::Counter *hits_, *misses_, *evictions_, *bytes_read_, *prefetches_, *host_tier_hits_;
   prometheus::Family<prometheus::Counter>* loads_;
   prometheus::Family<prometheus::Counter>* rejected_;
   prometheus::Family<prometheus::Counter>* acquires_;

@@ -2,6 +2,7 @@
 #include "expertstore_svc/store.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -57,6 +58,12 @@ StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, Stor
   ASSIGN_OR_RETURN(s->ring_, StagingRing::create(n_buf, SliceReader::staging_bytes(max_slice),
                                                   o.pin_staging ? s->arena_.get() : nullptr));
   ASSIGN_OR_RETURN(s->reader_, SliceReader::open(*s->model_, o.direct_io));
+  if (o.host_cache_bytes > 0) {
+    ASSIGN_OR_RETURN(s->tier_, HostTier::create(o.host_cache_bytes, slot, o.pin_staging ? s->arena_.get() : nullptr));
+    s->stats_.host_tier_slots = s->tier_->entries();
+    log::info("expert store: host cache of %u experts (%.1f MiB)%s", s->tier_->entries(),
+              s->tier_->entries() * (slot / 1048576.0), o.pin_staging ? ", page-locked" : "");
+  }
   for (uint32_t i = 1; i < kSessions; ++i) s->free_sessions_.push_back(i);
   s->stats_.slots = slots;
   for (int i = 0; i < readers; ++i) s->readers_.emplace_back([p = s.get()] { p->reader_loop(); });
@@ -117,12 +124,35 @@ StatusOr<uint32_t> Store::wait_for_victim(bool* evicted) {
   }
 }
 
-// Reads the three slices of the job's expert through the staging ring into a victim slot
-// and publishes it.
+// Fills a victim slot with the job's expert, from the host tier when it holds it, else from
+// disk through the staging ring (filling a host tier entry on the way), and publishes it.
 Status Store::load_into(Load& job, LoadEvent& ev) {
   ASSIGN_OR_RETURN(const ExpertSlices sl, slices_.at(job.layer, job.expert));
   ASSIGN_OR_RETURN(const uint32_t slot, wait_for_victim(&ev.evicted));
   const uint64_t base = uint64_t{slot} * slices_.slot_bytes();
+  const HostTier::Handle cached = tier_ ? tier_->find(job.layer, job.expert) : HostTier::Handle{};
+  Status st = cached ? copy_from_tier(sl, cached, base, ev) : read_from_disk(job, sl, base, ev);
+  if (tier_) tier_->release(cached);
+  if (!st.ok()) {
+    table_.abandon(slot);
+    return absl::Status(st.code(), absl::StrCat("loading expert ", job.expert, " of layer ", job.layer, ": ", st.message()));
+  }
+  table_.publish(slot, job.layer, job.expert, tick());
+  return absl::OkStatus();
+}
+
+Status Store::copy_from_tier(const ExpertSlices& sl, const HostTier::Handle& cached, uint64_t base, LoadEvent& ev) {
+  ev.host_tier = true;
+  for (const Slice* s : {&sl.gate, &sl.up, &sl.down}) {
+    const auto t0 = Clock::now();
+    RETURN_IF_ERROR(arena_->copy_in(base + s->slot_offset, cached.data + s->slot_offset, s->bytes));
+    ev.copy_s += seconds(t0, Clock::now());
+  }
+  return absl::OkStatus();
+}
+
+Status Store::read_from_disk(const Load& job, const ExpertSlices& sl, uint64_t base, LoadEvent& ev) {
+  const HostTier::Handle fill = tier_ ? tier_->take_for(job.layer, job.expert) : HostTier::Handle{};
   uint8_t* buf = ring_->take();
   Status st;
   for (const Slice* s : {&sl.gate, &sl.up, &sl.down}) {
@@ -131,18 +161,15 @@ Status Store::load_into(Load& job, LoadEvent& ev) {
     st = reader_->read(s->shard, s->file_offset, s->bytes, buf, ring_->buffer_bytes(), &data);
     const auto t1 = Clock::now();
     if (st.ok()) st = arena_->copy_in(base + s->slot_offset, data, s->bytes);
+    if (st.ok() && fill) std::memcpy(fill.data + s->slot_offset, data, s->bytes);
     ev.read_s += seconds(t0, t1);
     ev.copy_s += seconds(t1, Clock::now());
     if (!st.ok()) break;
     ev.bytes += s->bytes;
   }
   ring_->give(buf);
-  if (!st.ok()) {
-    table_.abandon(slot);
-    return absl::Status(st.code(), absl::StrCat("loading expert ", job.expert, " of layer ", job.layer, ": ", st.message()));
-  }
-  table_.publish(slot, job.layer, job.expert, tick());
-  return absl::OkStatus();
+  if (tier_) tier_->release(fill, st.ok());
+  return st;
 }
 
 void Store::reader_loop() {
@@ -173,6 +200,7 @@ void Store::reader_loop() {
       inflight_.erase(uint64_t{job->layer} * cfg_.n_expert + job->expert);
       if (!resident) {
         ++(s.ok() ? stats_.loads : stats_.load_failures);
+        stats_.host_tier_hits += s.ok() && ev.host_tier ? 1 : 0;
         stats_.bytes_read += ev.bytes;
         stats_.evictions += ev.evicted ? 1 : 0;
       }

@@ -1,6 +1,7 @@
 // The expert store core: the shard set, the slice map, an arena of fixed-size slots sized
 // from a memory budget, the shared slot and lease tables, client sessions, a staging ring
-// and reader threads that load missed experts (demand before prefetch) into slots.
+// and reader threads that load missed experts (demand before prefetch) into slots, through
+// an optional host-memory tier.
 // Process-agnostic: the gRPC service (server.h) and the in-process expert source both sit
 // on top of it. Thread-safe.
 #pragma once
@@ -18,6 +19,7 @@
 #include "common/gguf/gguf.h"
 #include "common/ipc/shm.h"
 #include "expertstore_svc/arena.h"
+#include "expertstore_svc/host_tier.h"
 #include "expertstore_svc/slice_map.h"
 #include "expertstore_svc/slot_table.h"
 #include "expertstore_svc/staging.h"
@@ -39,12 +41,15 @@ struct StoreOptions {
   // oldest f of them (SlotTable::set_eviction). LRU by default: on synthetic V4.1-like traces
   // (bench/expert_cache_sim.cc) the two are within 0.2 % of hit rate.
   double evict_oldest_fraction = 0;
+  // Bytes of the host-memory tier between disk and arena (host_tier.h); 0: none.
+  uint64_t host_cache_bytes = 0;
 };
 
 // One finished load, for metrics.
 struct LoadEvent {
   uint32_t layer = 0, expert = 0;
   bool ok = true, demand = true, evicted = false;
+  bool host_tier = false;  // copied from the host tier (no disk read)
   absl::StatusCode code = absl::StatusCode::kOk;
   uint64_t bytes = 0;
   double queue_s = 0, read_s = 0, copy_s = 0, total_s = 0;  // total: enqueue to ready
@@ -55,6 +60,8 @@ struct StoreStats {
   uint32_t slots = 0, resident = 0, leased = 0, sessions = 0;
   uint64_t ring_in_use = 0, ring_size = 0;
   uint64_t queued_demand = 0, queued_prefetch = 0;  // loads waiting for a reader
+  uint64_t host_tier_hits = 0;  // loads served by the host tier
+  uint32_t host_tier_slots = 0;
 };
 
 class Store {
@@ -110,6 +117,8 @@ class Store {
   Store() = default;
   void reader_loop();
   Status load_into(Load& job, LoadEvent& ev);
+  Status copy_from_tier(const ExpertSlices& sl, const HostTier::Handle& cached, uint64_t base, LoadEvent& ev);
+  Status read_from_disk(const Load& job, const ExpertSlices& sl, uint64_t base, LoadEvent& ev);
   StatusOr<uint32_t> wait_for_victim(bool* evicted);
 
   std::unique_ptr<gguf::Model> model_;
@@ -120,6 +129,7 @@ class Store {
   SlotTable table_;
   std::unique_ptr<StagingRing> ring_;
   std::unique_ptr<SliceReader> reader_;
+  std::unique_ptr<HostTier> tier_;  // null: no host tier
   std::mutex observer_mu_;
   std::shared_ptr<const std::function<void(const LoadEvent&)>> on_load_;
 

@@ -235,6 +235,50 @@ TEST(Store, RefusesABudgetBelowOneLayersTopK) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
 }
 
+// The host tier: with an arena of 3 slots and a host cache of all 24 experts, the first pass
+// over every expert reads the disk (and fills the tier), later passes are served from the
+// tier with no disk read, and the slots still hold the file's bytes. A tier smaller than one
+// expert is refused.
+TEST(Store, HostTierServesReloadsWithoutDiskReads) {
+  auto probe = Store::open(golden_model(), StoreOptions{.budget_bytes = 64 << 20});
+  ASSERT_TRUE(probe.ok());
+  const uint64_t slot = (*probe)->slices().slot_bytes();
+  EXPECT_EQ(Store::open(golden_model(), StoreOptions{.budget_bytes = 3 * slot, .host_cache_bytes = slot - 1})
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  auto store = Store::open(golden_model(),
+                           StoreOptions{.budget_bytes = 3 * slot, .reader_threads = 2, .host_cache_bytes = 24 * slot});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Store& s = **store;
+  auto file = gguf::Model::open(golden_model());
+  ASSERT_TRUE(file.ok());
+  uint64_t bytes_after_first = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (uint32_t l = 0; l < 6; ++l) {
+      for (uint32_t e = 0; e < 4; ++e) {
+        auto lease = s.acquire(Store::kLocalSession, l, e);
+        ASSERT_TRUE(lease.ok()) << lease.status();
+        const ExpertSlices sl = *s.slices().at(l, e);
+        const uint8_t* data = s.arena().host_data() + uint64_t{lease->slot} * slot;
+        for (const Slice* x : {&sl.gate, &sl.up, &sl.down}) {
+          std::vector<uint8_t> want(x->bytes);
+          ASSERT_TRUE((*file)->shard(x->shard).pread(x->file_offset, want.data(), want.size()).ok());
+          ASSERT_EQ(0, std::memcmp(data + x->slot_offset, want.data(), want.size())) << "pass " << pass;
+        }
+        ASSERT_TRUE(s.release(*lease).ok());
+      }
+    }
+    if (pass == 0) bytes_after_first = s.stats().bytes_read;
+  }
+  const StoreStats st = s.stats();
+  EXPECT_EQ(st.host_tier_slots, 24u);
+  EXPECT_EQ(st.loads, 72u);  // 3 slots: every acquire of the cycle misses the arena
+  EXPECT_EQ(st.host_tier_hits, 48u);
+  EXPECT_EQ(st.bytes_read, bytes_after_first);  // nothing read from disk after the first pass
+  EXPECT_TRUE(s.table().verify_integrity().ok());
+}
+
 TEST(Store, SmallArenaGivesIdenticalLogits) {
   const auto& g = testing::Golden::get();
   auto file = gguf::Model::open(golden_model());
