@@ -218,6 +218,12 @@ check("sizes come from config.env: limits, socket volume and arena budget agree"
   }
 });
 
+check("backend and arena agree: the CPU backend reads a host arena, the CUDA backend a device arena", () => {
+  const arena = flag(containers.expertstore, "--arena"), backend = flag(containers.inference, "--backend");
+  assert(["cpu", "cuda"].includes(backend), `--backend ${backend}`);
+  assert(arena === (backend === "cuda" ? "device" : "host"), `--backend ${backend} with --arena ${arena}`);
+});
+
 check("security context: non-root, read-only root, no privilege escalation, no capabilities", () => {
   assert(pod.securityContext.runAsNonRoot === true && pod.securityContext.runAsUser > 0, "pod runs as root");
   assert(pod.automountServiceAccountToken === false, "service account token mounted");
