@@ -3,6 +3,9 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/ipc/shm.h"
 #include "common/log.h"
@@ -185,26 +188,32 @@ StatusOr<std::shared_ptr<ExpertClient::Session>> ExpertClient::open_session() {
     for (int fd : fds) ::close(fd);
     return absl::UnavailableError(absl::StrCat("fd hand-over on ", in.fd_socket(), " refused: ", reply));
   }
+  // Each fd goes to its owner (the mappings take theirs, also on failure); an early return
+  // closes those not handed over yet.
+  auto take = [&fds](size_t i) { return std::exchange(fds[i], -1); };
+  absl::Cleanup close_rest = [&fds] {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+  ASSIGN_OR_RETURN(s->table_mem, ipc::SharedRegion::map(take(n_fds - 2), false));
+  ASSIGN_OR_RETURN(s->lease_mem, ipc::SharedRegion::map(take(n_fds - 1), true));
   const uint64_t slots_bytes = uint64_t{in.n_slots()} * in.slot_bytes();
   if (device) {
-    const int arena_fd = n_fds == 3 ? fds[0] : -1;  // the mapping takes it, also on failure
-    auto mapped = expertstore::DeviceArenaMapping::import(mech, arena_fd, in.cuda_ipc_handle(), in.arena_bytes(),
-                                                          options_.device);
+    auto mapped = expertstore::DeviceArenaMapping::import(mech, n_fds == 3 ? take(0) : -1, in.cuda_ipc_handle(),
+                                                          in.arena_bytes(), options_.device);
     if (!mapped.ok()) {
-      for (size_t i = n_fds - 2; i < n_fds; ++i) ::close(fds[i]);
       return absl::Status(mapped.status().code(), absl::StrCat("importing the expert store's device arena: ",
                                                                mapped.status().message()));
     }
     s->device_arena = std::move(*mapped);
     if (s->device_arena->bytes() < slots_bytes) return absl::FailedPreconditionError("the expert arena is smaller than its slots");
   } else {
-    ASSIGN_OR_RETURN(s->arena, ipc::SharedRegion::map(fds[0], false));
+    ASSIGN_OR_RETURN(s->arena, ipc::SharedRegion::map(take(0), false));
     if (s->arena.size() < in.arena_bytes() || slots_bytes > s->arena.size()) {
       return absl::FailedPreconditionError("the expert arena is smaller than its slots");
     }
   }
-  ASSIGN_OR_RETURN(s->table_mem, ipc::SharedRegion::map(fds[n_fds - 2], false));
-  ASSIGN_OR_RETURN(s->lease_mem, ipc::SharedRegion::map(fds[n_fds - 1], true));
   ASSIGN_OR_RETURN(s->table, expertstore::SlotTable::attach(s->table_mem.data(), s->table_mem.size(), s->lease_mem.data(),
                                                             s->lease_mem.size()));
   const auto& h = s->table.header();
