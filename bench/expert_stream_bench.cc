@@ -159,7 +159,7 @@ Status run_bench(const tools::Args& a) {
   const std::string model = a.get_or("model", ""), csv = a.get_or("csv", "bench/results.csv");
   const int64_t n_prompt = std::atoll(a.get_or("prompt", "64").c_str()), n_decode = std::atoll(a.get_or("decode", "256").c_str());
   const int readers = std::atoi(a.get_or("readers", "4").c_str());
-  const bool prefetch = a.get_or("prefetch", "on") == "on";
+  const bool prefetch = a.get_or("prefetch", "off") == "on";
   ASSIGN_OR_RETURN(auto file, gguf::Model::open(model));
   ASSIGN_OR_RETURN(const config::ModelConfig cfg, config::from_gguf(*file));
   ASSIGN_OR_RETURN(const expertstore::SliceMap map, expertstore::SliceMap::build(*file, cfg));

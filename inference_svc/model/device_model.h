@@ -137,7 +137,7 @@ class DeviceModel {
   // MoE layer acquires its experts from, with layer l+1's experts hinted a layer early at
   // decode when `prefetch_next_layer`.
   static StatusOr<std::unique_ptr<DeviceModel>> load(const gguf::Model& file, const config::ModelConfig& cfg,
-                                                     ExpertSource* streamed = nullptr, bool prefetch_next_layer = true);
+                                                     ExpertSource* streamed = nullptr, bool prefetch_next_layer = false);
   ~DeviceModel();
 
   StatusOr<std::shared_ptr<DeviceSequence>> new_sequence() const;
@@ -208,7 +208,7 @@ class DeviceModel {
   float* pre_init_ = nullptr;  // [hc_mult]: 1, 0, ... (the first block's collapse of one token)
   bool routed_decode_ = false;  // every layer's routed experts have device-routed GEMVs
   ExpertSource* streamed_ = nullptr;  // the routed experts' source when they are not resident
-  bool prefetch_next_ = true;
+  bool prefetch_next_ = false;
   std::atomic<bool> graphs_{true};
   mutable std::atomic<int64_t> replays_{0};
   std::vector<void*> owned_;  // every weight allocation, freed with the model

@@ -94,8 +94,10 @@ struct LoadOptions {
   // acquires the experts its routing picked and releases them once its kernels have run.
   kernels::Backend backend = kernels::Backend::kCpu;
   // kCuda with streamed experts, decode: layer l+1's router also runs on layer l's MoE input
-  // and the experts it picks are hinted to the source (loads start a layer early).
-  bool prefetch_next_layer = true;
+  // and the experts it picks are hinted to the source (loads start a layer early). Off by
+  // default: on the H200 it read 13 % more and decoded 9-15 % slower (bench/results.csv,
+  // expert_streaming), as Atlas measured on V4.1; to be re-measured with skewed routing.
+  bool prefetch_next_layer = false;
 };
 
 // Called with every named intermediate (e.g. "L3.attn.norm_out", rows x cols values); the
