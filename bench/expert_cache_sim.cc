@@ -13,11 +13,16 @@
 // the working set keeps growing as it does in a real generation. The first `warm` tokens (the
 // prompt) fill the arena and are not counted.
 //
-//   expert_cache_sim [--tokens N] [--warm N] [--zipf S] [--reuse P] [--seed N] [--csv PATH]
+// With --trace PATH it replays a routing trace recorded on the GPU (expert_stream_bench
+// --trace-out) instead, warm-up capped at an eighth of its tokens.
+//
+//   expert_cache_sim [--tokens N] [--warm N] [--zipf S] [--reuse P] [--seed N] [--trace PATH] [--csv PATH]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -33,39 +38,38 @@
 namespace dsflash::expertstore {
 namespace {
 
-constexpr uint32_t kLayers = 40, kExperts = 256, kTop = 6;
-
 struct TraceOptions {
+  uint32_t layers = 40, experts = 256, top = 6;
   int tokens = 1024, warm = 128;
   double zipf = 0.8, reuse = 0.1;
   uint64_t seed = 1;
 };
 
-// trace[(t * kLayers + l) * kTop + k] = the k-th expert token t routes to in layer l (distinct).
+// trace[(t * o.layers + l) * o.top + k] = the k-th expert token t routes to in layer l (distinct).
 std::vector<uint16_t> make_trace(const TraceOptions& o) {
   std::mt19937_64 rng(o.seed);
-  std::vector<double> weight(kExperts);
-  for (uint32_t r = 0; r < kExperts; ++r) weight[r] = 1.0 / std::pow(r + 1.0, o.zipf);
-  std::vector<std::vector<uint16_t>> rank_to_expert(kLayers, std::vector<uint16_t>(kExperts));
+  std::vector<double> weight(o.experts);
+  for (uint32_t r = 0; r < o.experts; ++r) weight[r] = 1.0 / std::pow(r + 1.0, o.zipf);
+  std::vector<std::vector<uint16_t>> rank_to_expert(o.layers, std::vector<uint16_t>(o.experts));
   for (auto& perm : rank_to_expert) {
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
   }
   std::discrete_distribution<uint32_t> pick_rank(weight.begin(), weight.end());
   std::uniform_real_distribution<double> u(0, 1);
-  std::vector<uint16_t> trace(static_cast<size_t>(o.tokens) * kLayers * kTop);
+  std::vector<uint16_t> trace(static_cast<size_t>(o.tokens) * o.layers * o.top);
   for (int t = 0; t < o.tokens; ++t) {
     if (t > 0 && t % 32 == 0) {  // popularity drift: a few ranks swap in every layer
       for (auto& perm : rank_to_expert) {
-        for (int s = 0; s < 4; ++s) std::swap(perm[rng() % kExperts], perm[rng() % kExperts]);
+        for (int s = 0; s < 4; ++s) std::swap(perm[rng() % o.experts], perm[rng() % o.experts]);
       }
     }
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      uint16_t* out = &trace[(static_cast<size_t>(t) * kLayers + l) * kTop];
-      const uint16_t* prev = t > 0 ? out - kLayers * kTop : nullptr;
-      for (uint32_t k = 0; k < kTop; ++k) {
+    for (uint32_t l = 0; l < o.layers; ++l) {
+      uint16_t* out = &trace[(static_cast<size_t>(t) * o.layers + l) * o.top];
+      const uint16_t* prev = t > 0 ? out - o.layers * o.top : nullptr;
+      for (uint32_t k = 0; k < o.top; ++k) {
         for (;;) {
-          const uint16_t e = prev != nullptr && u(rng) < o.reuse ? prev[rng() % kTop] : rank_to_expert[l][pick_rank(rng)];
+          const uint16_t e = prev != nullptr && u(rng) < o.reuse ? prev[rng() % o.top] : rank_to_expert[l][pick_rank(rng)];
           if (std::find(out, out + k, e) == out + k) {
             out[k] = e;
             break;
@@ -77,6 +81,37 @@ std::vector<uint16_t> make_trace(const TraceOptions& o) {
   return trace;
 }
 
+// A recorded trace (expert_stream_bench --trace-out): a line "dsflash-routing-trace 1 LAYERS
+// EXPERTS TOP", then per token and layer a line of TOP distinct expert ids. Sets o's geometry
+// and token count.
+StatusOr<std::vector<uint16_t>> read_trace(const std::string& path, TraceOptions& o) {
+  std::ifstream in(path);
+  std::string magic;
+  int version = 0;
+  if (!(in >> magic >> version >> o.layers >> o.experts >> o.top) || magic != "dsflash-routing-trace" || version != 1 ||
+      o.layers == 0 || o.experts == 0 || o.experts > 65535 || o.top == 0 || o.top > o.experts) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a routing trace (dsflash-routing-trace 1 L E K ...)"));
+  }
+  std::vector<uint16_t> trace;
+  for (uint32_t e; in >> e;) {
+    if (e >= o.experts) return absl::InvalidArgumentError(absl::StrCat(path, ": expert ", e, " out of range"));
+    trace.push_back(static_cast<uint16_t>(e));
+  }
+  const size_t per_token = size_t{o.layers} * o.top;
+  if (!in.eof() || trace.empty() || trace.size() % per_token != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", trace.size(), " ids, not whole tokens of ", per_token));
+  }
+  for (size_t g = 0; g < trace.size(); g += o.top) {
+    std::vector<uint16_t> set(trace.begin() + static_cast<std::ptrdiff_t>(g), trace.begin() + static_cast<std::ptrdiff_t>(g + o.top));
+    std::sort(set.begin(), set.end());
+    if (std::adjacent_find(set.begin(), set.end()) != set.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": an expert repeats within one layer's picks"));
+    }
+  }
+  o.tokens = static_cast<int>(trace.size() / per_token);
+  return trace;
+}
+
 struct Result {
   uint64_t hits = 0, misses = 0;
 };
@@ -84,20 +119,20 @@ struct Result {
 // The trace through a SlotTable of n_slots: each layer's experts are leased together (as a
 // decode step holds them while its kernels run) and released after the layer.
 Result simulate(const std::vector<uint16_t>& trace, const TraceOptions& o, uint32_t n_slots, double oldest_fraction) {
-  const size_t tb = SlotTable::table_bytes(kLayers, kExperts, n_slots), lb = SlotTable::lease_bytes(n_slots);
+  const size_t tb = SlotTable::table_bytes(o.layers, o.experts, n_slots), lb = SlotTable::lease_bytes(n_slots);
   std::unique_ptr<uint8_t, decltype(&std::free)> table(static_cast<uint8_t*>(std::aligned_alloc(64, (tb + 63) / 64 * 64)),
                                                        &std::free);
   std::unique_ptr<uint8_t, decltype(&std::free)> leases(static_cast<uint8_t*>(std::aligned_alloc(64, (lb + 63) / 64 * 64)),
                                                         &std::free);
-  SlotTable st = SlotTable::create(table.get(), leases.get(), kLayers, kExperts, n_slots, 1);
+  SlotTable st = SlotTable::create(table.get(), leases.get(), o.layers, o.experts, n_slots, 1);
   st.set_eviction(oldest_fraction, o.seed);
   Result r;
   uint64_t tick = 0;
   std::vector<Lease> held;
   for (int t = 0; t < o.tokens; ++t) {
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      for (uint32_t k = 0; k < kTop; ++k) {
-        const uint32_t e = trace[(static_cast<size_t>(t) * kLayers + l) * kTop + k];
+    for (uint32_t l = 0; l < o.layers; ++l) {
+      for (uint32_t k = 0; k < o.top; ++k) {
+        const uint32_t e = trace[(static_cast<size_t>(t) * o.layers + l) * o.top + k];
         std::optional<Lease> lease = st.try_acquire(0, l, e, ++tick);
         const bool hit = lease.has_value();
         if (!hit) {
@@ -121,27 +156,27 @@ Result simulate(const std::vector<uint16_t>& trace, const TraceOptions& o, uint3
 Result belady(const std::vector<uint16_t>& trace, const TraceOptions& o, uint32_t n_slots) {
   const size_t n = trace.size();
   std::vector<uint32_t> id(n);
-  for (size_t i = 0; i < n; ++i) id[i] = static_cast<uint32_t>((i / kTop) % kLayers * kExperts + trace[i]);
-  std::vector<size_t> next(n), last(kLayers * kExperts, SIZE_MAX);
+  for (size_t i = 0; i < n; ++i) id[i] = static_cast<uint32_t>((i / o.top) % o.layers * o.experts + trace[i]);
+  std::vector<size_t> next(n), last(o.layers * o.experts, SIZE_MAX);
   for (size_t i = n; i-- > 0;) {
     next[i] = last[id[i]];
     last[id[i]] = i;
   }
-  std::vector<size_t> next_use(kLayers * kExperts, SIZE_MAX);
-  std::vector<bool> resident(kLayers * kExperts, false);
+  std::vector<size_t> next_use(o.layers * o.experts, SIZE_MAX);
+  std::vector<bool> resident(o.layers * o.experts, false);
   std::set<std::pair<size_t, uint32_t>, std::greater<>> by_next;  // farthest first
   Result r;
   size_t count = 0;
   for (size_t i = 0; i < n; ++i) {
     const uint32_t x = id[i];
-    const bool counted = static_cast<int>(i / (kLayers * kTop)) >= o.warm;
+    const bool counted = static_cast<int>(i / (o.layers * o.top)) >= o.warm;
     if (resident[x]) {
       if (counted) ++r.hits;
       by_next.erase({next_use[x], x});
     } else {
       if (counted) ++r.misses;
       if (count == n_slots) {
-        const size_t group = i / kTop * kTop;  // the layer's picks so far stay
+        const size_t group = i / o.top * o.top;  // the layer's picks so far stay
         auto it = by_next.begin();
         while (std::find(id.begin() + static_cast<std::ptrdiff_t>(group), id.begin() + static_cast<std::ptrdiff_t>(i),
                          it->second) != id.begin() + static_cast<std::ptrdiff_t>(i)) {
@@ -163,32 +198,32 @@ Result belady(const std::vector<uint16_t>& trace, const TraceOptions& o, uint32_
 // What the trace looks like, to compare with the measurements it is calibrated to.
 void describe(const std::vector<uint16_t>& trace, const TraceOptions& o, std::vector<tools::BenchRow>* rows) {
   double overlap = 0;
-  std::vector<uint64_t> uses(kLayers * kExperts, 0);
-  std::vector<bool> seen(kLayers * kExperts, false);
+  std::vector<uint64_t> uses(o.layers * o.experts, 0);
+  std::vector<bool> seen(o.layers * o.experts, false);
   uint64_t distinct = 0, distinct_warm = 0;
   for (int t = 0; t < o.tokens; ++t) {
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      const uint16_t* cur = &trace[(static_cast<size_t>(t) * kLayers + l) * kTop];
-      for (uint32_t k = 0; k < kTop; ++k) {
-        const uint32_t x = l * kExperts + cur[k];
+    for (uint32_t l = 0; l < o.layers; ++l) {
+      const uint16_t* cur = &trace[(static_cast<size_t>(t) * o.layers + l) * o.top];
+      for (uint32_t k = 0; k < o.top; ++k) {
+        const uint32_t x = l * o.experts + cur[k];
         ++uses[x];
         if (!seen[x]) {
           seen[x] = true;
           ++distinct;
         }
-        if (t > 0) overlap += std::count(cur - kLayers * kTop, cur - kLayers * kTop + kTop, cur[k]);
+        if (t > 0) overlap += std::count(cur - o.layers * o.top, cur - o.layers * o.top + o.top, cur[k]);
       }
     }
     if (t + 1 == o.warm) distinct_warm = distinct;
   }
   double top25 = 0, total = 0;
-  for (uint32_t l = 0; l < kLayers; ++l) {
-    std::vector<uint64_t> u(uses.begin() + l * kExperts, uses.begin() + (l + 1) * kExperts);
+  for (uint32_t l = 0; l < o.layers; ++l) {
+    std::vector<uint64_t> u(uses.begin() + l * o.experts, uses.begin() + (l + 1) * o.experts);
     std::sort(u.rbegin(), u.rend());
-    top25 += std::accumulate(u.begin(), u.begin() + kExperts / 4, 0.0);
+    top25 += std::accumulate(u.begin(), u.begin() + o.experts / 4, 0.0);
     total += std::accumulate(u.begin(), u.end(), 0.0);
   }
-  rows->push_back({"adjacent_token_shared_experts_per_layer", overlap / ((o.tokens - 1.0) * kLayers), "experts of 6"});
+  rows->push_back({"adjacent_token_shared_experts_per_layer", overlap / ((o.tokens - 1.0) * o.layers), absl::StrCat("experts of ", o.top)});
   rows->push_back({"top25pct_experts_share_of_picks", top25 / total, "fraction"});
   rows->push_back({"distinct_experts_after_warm", static_cast<double>(distinct_warm), "experts"});
   rows->push_back({"distinct_experts_at_end", static_cast<double>(distinct), "experts"});
@@ -196,7 +231,7 @@ void describe(const std::vector<uint16_t>& trace, const TraceOptions& o, std::ve
 
 int run(int argc, char** argv) {
   TraceOptions o;
-  std::string csv = "bench/results.csv";
+  std::string csv = "bench/results.csv", trace_path;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     bool ok = true;
@@ -206,26 +241,42 @@ int run(int argc, char** argv) {
     else if (a == "--reuse") ok = absl::SimpleAtod(v, &o.reuse) && o.reuse >= 0 && o.reuse <= 1;
     else if (a == "--seed") ok = absl::SimpleAtoi(v, &o.seed);
     else if (a == "--csv") csv = v;
+    else if (a == "--trace") trace_path = v;
     else ok = false;
     if (!ok) {
       std::fprintf(stderr, "expert_cache_sim: bad argument %s %s\n", a.c_str(), v.c_str());
       return 2;
     }
   }
+  std::vector<uint16_t> trace;
+  std::string base;
+  if (!trace_path.empty()) {
+    auto t = read_trace(trace_path, o);
+    if (!t.ok()) {
+      std::fprintf(stderr, "expert_cache_sim: %s\n", std::string(t.status().message()).c_str());
+      return 2;
+    }
+    trace = std::move(*t);
+    o.warm = std::min(o.warm, o.tokens / 8);
+    base = absl::StrCat("recorded trace ", std::filesystem::path(trace_path).filename().string(), " layers=", o.layers,
+                        " experts=", o.experts, " top=", o.top, " tokens=", o.tokens, " warm=", o.warm);
+  }
   if (o.warm >= o.tokens) {
     std::fprintf(stderr, "expert_cache_sim: --warm must be below --tokens\n");
     return 2;
   }
-  const std::vector<uint16_t> trace = make_trace(o);
-  const std::string base = absl::StrCat("V4.1-like trace layers=40 experts=256 top=6 zipf=", o.zipf, " reuse=", o.reuse,
-                                        " tokens=", o.tokens, " warm=", o.warm, " seed=", o.seed);
+  if (trace.empty()) {
+    trace = make_trace(o);
+    base = absl::StrCat("V4.1-like trace layers=40 experts=256 top=6 zipf=", o.zipf, " reuse=", o.reuse,
+                        " tokens=", o.tokens, " warm=", o.warm, " seed=", o.seed);
+  }
   std::vector<tools::BenchRow> trace_rows;
   describe(trace, o, &trace_rows);
   for (const auto& r : trace_rows) std::printf("trace %-42s %10.3f %s\n", r.metric.c_str(), r.value, r.unit.c_str());
   Status st = tools::append_bench_rows(csv, "expert_cache_sim", base, trace_rows);
   const double counted = static_cast<double>(o.tokens - o.warm);
   for (double arena : {0.25, 0.5, 0.9}) {
-    const uint32_t slots = static_cast<uint32_t>(arena * kLayers * kExperts);
+    const uint32_t slots = static_cast<uint32_t>(arena * o.layers * o.experts);
     struct Policy {
       std::string name;
       double fraction;  // < 0: Belady

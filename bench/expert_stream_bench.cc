@@ -7,7 +7,8 @@
 // is the model's own; its measured skew (share of picks taken by the top quarter of a layer's
 // experts) and token-to-token reuse are reported with it.
 //   expert_stream_bench --model M.gguf --store-bin PATH [--fractions 0.25,0.5,1] [--prompt 64]
-//                       [--decode 256] [--readers 4] [--prefetch on|off] [--csv F] [--label L]
+//                       [--decode 256] [--readers 4] [--prefetch on|off] [--trace-out F] [--csv F] [--label L]
+// --trace-out writes the decode's routing (the same for every fraction) for expert_cache_sim.
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <thread>
@@ -132,6 +134,24 @@ StatusOr<std::vector<double>> decode(const model::Model& m, int64_t n_prompt, in
   return ms;
 }
 
+// The decode's routing as a trace for expert_cache_sim --trace (see read_trace there).
+Status write_trace(const std::string& path, const std::vector<std::vector<std::set<int>>>& picks,
+                   const config::ModelConfig& c) {
+  std::ofstream out(path);
+  out << "dsflash-routing-trace 1 " << c.n_layer << " " << c.n_expert << " " << c.n_expert_used << "\n";
+  const size_t tokens = picks.empty() ? 0 : picks[0].size();
+  for (size_t t = 0; t < tokens; ++t) {
+    for (const auto& layer : picks) {
+      if (layer[t].size() != c.n_expert_used) return absl::InternalError("a decode token did not acquire top-k experts");
+      for (int e : layer[t]) out << e << " ";
+      out << "\n";
+    }
+  }
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
 // Share of a layer's picks taken by its top quarter of experts, and experts a token shares with
 // the previous token, both averaged over layers.
 std::pair<double, double> routing_stats(const std::vector<std::vector<std::set<int>>>& picks, uint32_t n_expert) {
@@ -214,6 +234,7 @@ Status run_bench(const tools::Args& a) {
     for (double x : ms) total_ms += x;
     const double tps = n / (total_ms / 1e3);
     const auto [top_share, reuse] = routing_stats(rec->picks, cfg.n_expert);
+    if (a.has("trace-out")) RETURN_IF_ERROR(write_trace(*a.get("trace-out"), rec->picks, cfg));
     const std::string config = absl::StrCat(label, " experts=", all, " arena=", static_cast<int>(frac * 100 + 0.5), "% slots=",
                                             slots, " prompt=", n_prompt, " decode=", n_decode, " readers=", readers,
                                             " prefetch=", prefetch ? "on" : "off", " top-quarter share=", top_share,
@@ -248,11 +269,11 @@ Status run_bench(const tools::Args& a) {
 int main(int argc, char** argv) {
   std::vector<std::string> v(argv + 1, argv + argc);
   auto a = dsflash::tools::Args::parse(v, {}, {"model", "store-bin", "fractions", "prompt", "decode", "readers", "prefetch",
-                                               "csv", "label"});
+                                               "csv", "label", "trace-out"});
   if (!a.ok() || !a->has("model") || !a->has("store-bin")) {
     std::fprintf(stderr,
                  "usage: expert_stream_bench --model M.gguf --store-bin PATH [--fractions 0.25,0.5,1] [--prompt 64] "
-                 "[--decode 256] [--readers 4] [--prefetch on|off] [--csv F] [--label L]\n");
+                 "[--decode 256] [--readers 4] [--prefetch on|off] [--trace-out F] [--csv F] [--label L]\n");
     return 2;
   }
   const dsflash::Status s = dsflash::run_bench(*a);

@@ -57,8 +57,10 @@ if [[ ${DSF_STREAM_BENCH:-0} == 1 ]]; then
   for pf in ${DSF_STREAM_PREFETCH:-on off}; do
     out/gpu/bin/expert_stream_bench --model "$sperf" --store-bin "$DSF_EXPERTSTORE_BIN" --label "perf-e$n_exp-skew$skew" \
       --fractions "${DSF_STREAM_FRACTIONS:-0.25,0.5,1}" --decode "${DSF_STREAM_DECODE:-256}" \
-      --prefetch "$pf" --csv "$logs/bench.csv" >> "$logs/stream.log" 2>&1 || rc=1
+      --prefetch "$pf" --trace-out "$logs/trace-e$n_exp-s$skew.txt" --csv "$logs/bench.csv" >> "$logs/stream.log" 2>&1 || rc=1
   done
+  # Eviction policies on the recorded routing (replayed through the slot table).
+  out/gpu/bin/expert_cache_sim --trace "$logs/trace-e$n_exp-s$skew.txt" --csv "$logs/bench.csv" >> "$logs/stream.log" 2>&1 || rc=1
   tail -20 "$logs/stream.log"
 fi
 # Expert store: hit path and miss path (host and device arenas) on the mid synthetic model
