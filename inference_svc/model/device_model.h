@@ -180,7 +180,7 @@ class DeviceModel {
   // Expert e of layer l: resident slices, or a lease from the streamed source (held by the call).
   StatusOr<ExpertWeights> acquire_expert(int l, int32_t e, Call& call) const;
   Status grouped_experts(int l, Call& call, const float* x, const std::vector<int32_t>& e_h,
-                         const std::vector<float>& w_h, float* y) const;
+                         const std::vector<float>& w_h, const std::map<int32_t, ExpertWeights>& held, float* y) const;
   // The K routed experts of one decode token for the device-routed GEMVs: entry k's matrices
   // at base's + ids[k] * the matrix's stride (ids: expert numbers, or arena slots).
   struct ExpertTable {

@@ -80,22 +80,27 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
     RETURN_IF_ERROR(predict_next_layer(l, call, x, next_h.data()));
   }
   RETURN_IF_ERROR(kernels::stream_sync(ctx));
-  if (streamed_ == nullptr || S != 1) return grouped_experts(l, call, x, e_h, w_h, y);
-  // A streamed decode token: the stream has run past every earlier layer's expert kernels, so
-  // their leases go back; this layer's misses are asked for together, then acquired.
-  call.release_leases();
-  streamed_->prefetch(l, distinct(e_h));
+  if (streamed_ != nullptr) {
+    // The stream has run past every earlier layer's expert kernels, so their leases go back;
+    // this layer's misses are asked for together.
+    call.release_leases();
+    streamed_->prefetch(l, distinct(e_h));
+  }
+  if (streamed_ == nullptr || S != 1) return grouped_experts(l, call, x, e_h, w_h, {}, y);
+  // A streamed decode token: its K experts acquired, then run from their arena slots.
   std::vector<ExpertWeights> ew;
+  std::map<int32_t, ExpertWeights> held;
   for (int32_t e : e_h) {
     ASSIGN_OR_RETURN(ExpertWeights got, acquire_expert(l, e, call));
     ew.push_back(got);
+    held.emplace(e, got);
   }
   if (predict) streamed_->prefetch(l + 1, distinct(next_h));  // after this layer's demand
   ExpertTable t;
   std::vector<int32_t> slots;
-  if (!x_aligned || !as_slots(ew, &t.base, &slots)) return grouped_experts(l, call, x, e_h, w_h, y);
+  if (!x_aligned || !as_slots(ew, &t.base, &slots)) return grouped_experts(l, call, x, e_h, w_h, held, y);
   t.gate_stride = t.up_stride = t.down_stride = static_cast<int64_t>(ew[0].slot_stride);
-  if (!experts_have_decode_gemvs(t)) return grouped_experts(l, call, x, e_h, w_h, y);
+  if (!experts_have_decode_gemvs(t)) return grouped_experts(l, call, x, e_h, w_h, held, y);
   ASSIGN_OR_RETURN(auto slots_d, DevBuf<int32_t>::make(ctx, K));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, slots_d.get(), slots.data(), K * sizeof(int32_t)));
   t.ids = slots_d.get();
@@ -144,9 +149,11 @@ StatusOr<ExpertWeights> DeviceModel::acquire_expert(int l, int32_t e, Call& call
 
 // The routed tokens grouped by expert on the host (ascending expert index), each expert's
 // SwiGLU on its rows, and the routed outputs summed per token in ascending expert order before
-// the shared expert's.
+// the shared expert's. Experts in `held` are already acquired by the call; the rest are
+// acquired here.
 Status DeviceModel::grouped_experts(int l, Call& call, const float* x, const std::vector<int32_t>& e_h,
-                                    const std::vector<float>& w_h, float* y) const {
+                                    const std::vector<float>& w_h, const std::map<int32_t, ExpertWeights>& held,
+                                    float* y) const {
   const Layer& w = layers_[l];
   const config::LayerConfig& L = cfg_.layers[l];
   const ExecCtx& ctx = call.ctx;
@@ -178,16 +185,12 @@ Status DeviceModel::grouped_experts(int l, Call& call, const float* x, const std
   ASSIGN_OR_RETURN(auto ye, DevBuf<float>::make(ctx, R * D));
   RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, quant::GgmlType::kF32, x, D, D * sizeof(float), S, tok_d.get(),
                                                      R, false, xe.get()));
-  if (streamed_ != nullptr) {
-    call.release_leases();  // the caller synchronised after the routing: earlier kernels are done
-    std::vector<int> needed;
-    for (const auto& [e, slots] : by_expert) needed.push_back(e);
-    streamed_->prefetch(l, needed);
-  }
   int64_t r0 = 0;
   for (const auto& [e, slots] : by_expert) {
     const int64_t n = static_cast<int64_t>(slots.size());
-    ASSIGN_OR_RETURN(const ExpertWeights ew, acquire_expert(l, e, call));
+    const auto h = held.find(e);
+    ASSIGN_OR_RETURN(const ExpertWeights ew,
+                     h != held.end() ? StatusOr<ExpertWeights>(h->second) : acquire_expert(l, e, call));
     RETURN_IF_ERROR(dev_linear(ctx, ew.gate, xe.get() + r0 * D, n, a.get() + r0 * F));
     RETURN_IF_ERROR(dev_linear(ctx, ew.up, xe.get() + r0 * D, n, b.get() + r0 * F));
     RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get() + r0 * F, b.get() + r0 * F, n, F, L.swiglu_limit_exp,
