@@ -7,8 +7,10 @@
 // is the model's own; its measured skew (share of picks taken by the top quarter of a layer's
 // experts) and token-to-token reuse are reported with it.
 //   expert_stream_bench --model M.gguf --store-bin PATH [--fractions 0.25,0.5,1] [--prompt 64]
-//                       [--decode 256] [--readers 4] [--prefetch on|off] [--trace-out F] [--csv F] [--label L]
-// --trace-out writes the decode's routing (the same for every fraction) for expert_cache_sim.
+//                       [--decode 256] [--readers 4] [--prefetch on|off] [--host-cache 0]
+//                       [--trace-out F] [--csv F] [--label L]
+// --trace-out writes the decode's routing (the same for every fraction) for expert_cache_sim;
+// --host-cache F gives the store a pinned host-memory tier of F x all experts (--host-cache).
 #include <unistd.h>
 
 #include <algorithm>
@@ -115,6 +117,12 @@ std::vector<int32_t> prompt_of(const config::ModelConfig& c, int64_t n) {
   return p;
 }
 
+double tokens_per_s(const std::vector<double>& step_ms) {
+  double total_ms = 0;
+  for (double x : step_ms) total_ms += x;
+  return total_ms > 0 ? static_cast<double>(step_ms.size()) / (total_ms / 1e3) : 0.0;
+}
+
 // Prefill, then n greedy decode steps; returns the step times (ms). `before_decode` runs between.
 StatusOr<std::vector<double>> decode(const model::Model& m, int64_t n_prompt, int64_t n,
                                      const std::function<void()>& before_decode, Recorder* rec) {
@@ -180,6 +188,8 @@ Status run_bench(const tools::Args& a) {
   const int64_t n_prompt = std::atoll(a.get_or("prompt", "64").c_str()), n_decode = std::atoll(a.get_or("decode", "256").c_str());
   const int readers = std::atoi(a.get_or("readers", "4").c_str());
   const bool prefetch = a.get_or("prefetch", "off") == "on";
+  const double host_frac = std::atof(a.get_or("host-cache", "0").c_str());
+  if (host_frac < 0 || host_frac > 1) return absl::InvalidArgumentError("--host-cache: a fraction of the experts in [0, 1]");
   ASSIGN_OR_RETURN(auto file, gguf::Model::open(model));
   ASSIGN_OR_RETURN(const config::ModelConfig cfg, config::from_gguf(*file));
   ASSIGN_OR_RETURN(const expertstore::SliceMap map, expertstore::SliceMap::build(*file, cfg));
@@ -188,13 +198,15 @@ Status run_bench(const tools::Args& a) {
   ASSIGN_OR_RETURN(const double disk, disk_rate(*file, map, readers));
   std::fprintf(stderr, "raw O_DIRECT read rate: %.0f MB/s (%d threads)\n", disk / 1e6, readers);
   // The all-resident rate (graph decode) of the same file.
-  double resident_tps = 0;
+  // Both rates are decoded tokens / total decode time over the same number of steps.
+  double resident_tps = 0, resident_median_ms = 0;
   {
     ASSIGN_OR_RETURN(auto m, model::Model::load(*file, nullptr, model::LoadOptions{kernels::Backend::kCuda}));
-    ASSIGN_OR_RETURN(const auto ms, decode(*m, n_prompt, std::min<int64_t>(n_decode, 64), [] {}, nullptr));
-    resident_tps = 1e3 / tools::median(ms);
+    ASSIGN_OR_RETURN(const auto ms, decode(*m, n_prompt, n_decode, [] {}, nullptr));
+    resident_tps = tokens_per_s(ms), resident_median_ms = tools::median(ms);
   }
-  std::fprintf(stderr, "all resident: %.2f tok/s\n", resident_tps);
+  std::fprintf(stderr, "all resident: %.2f tok/s (median step %.2f ms)\n", resident_tps, resident_median_ms);
+  bool trace_written = false;
   for (absl::string_view f : absl::StrSplit(a.get_or("fractions", "0.25,0.5,1"), ',')) {
     const double frac = std::atof(std::string(f).c_str());
     if (frac <= 0 || frac > 1) return absl::InvalidArgumentError("--fractions: values in (0, 1]");
@@ -205,6 +217,8 @@ Status run_bench(const tools::Args& a) {
     std::vector<std::string> args = {a.get_or("store-bin", ""), "--model", model, "--listen", sock, "--metrics", "off",
                                      "--budget", std::to_string(slots * map.slot_bytes()), "--arena", "device",
                                      "--reader-threads", std::to_string(readers)};
+    const uint64_t tier_slots = static_cast<uint64_t>(host_frac * static_cast<double>(all) + 0.5);
+    if (tier_slots > 0) args.insert(args.end(), {"--host-cache", std::to_string(tier_slots * map.slot_bytes())});
     bench::StoreProcess proc;
     RETURN_IF_ERROR(proc.start(args));
     ASSIGN_OR_RETURN(const std::string fp, file->fingerprint("_exps."));
@@ -215,11 +229,11 @@ Status run_bench(const tools::Args& a) {
     Recorder* rec = rec_owned.get();
     ASSIGN_OR_RETURN(auto m, model::Model::load(*file, std::move(rec_owned),
                                                 model::LoadOptions{kernels::Backend::kCuda, prefetch}));
-    uint64_t hits0 = 0, misses0 = 0, bytes0 = 0, evict0 = 0, loads0 = 0;
+    uint64_t hits0 = 0, misses0 = 0, bytes0 = 0, evict0 = 0, loads0 = 0, tier0 = 0;
     ASSIGN_OR_RETURN(const auto ms, decode(*m, n_prompt, n_decode, [&] {
       hits0 = rec->client().hits(), misses0 = rec->client().misses();
       auto st = store_stats(sock);
-      if (st.ok()) bytes0 = st->bytes_read(), evict0 = st->evictions(), loads0 = st->loads();
+      if (st.ok()) bytes0 = st->bytes_read(), evict0 = st->evictions(), loads0 = st->loads(), tier0 = st->host_tier_hits();
       rec->blocked_s = 0;
       rec->recording = true;
     }, rec));
@@ -230,13 +244,14 @@ Status run_bench(const tools::Args& a) {
     const double client_misses = static_cast<double>(rec->client().misses() - misses0);
     const double loads = static_cast<double>(st.loads() - loads0) / n;
     const double bytes = static_cast<double>(st.bytes_read() - bytes0) / n;
-    double total_ms = 0;
-    for (double x : ms) total_ms += x;
-    const double tps = n / (total_ms / 1e3);
+    const double tps = tokens_per_s(ms);
     const auto [top_share, reuse] = routing_stats(rec->picks, cfg.n_expert);
-    if (a.has("trace-out")) RETURN_IF_ERROR(write_trace(*a.get("trace-out"), rec->picks, cfg));
+    if (a.has("trace-out") && !trace_written) {
+      RETURN_IF_ERROR(write_trace(*a.get("trace-out"), rec->picks, cfg));
+      trace_written = true;
+    }
     const std::string config = absl::StrCat(label, " experts=", all, " arena=", static_cast<int>(frac * 100 + 0.5), "% slots=",
-                                            slots, " prompt=", n_prompt, " decode=", n_decode, " readers=", readers,
+                                            slots, " prompt=", n_prompt, " decode=", n_decode, " readers=", readers, " host-cache=", static_cast<int>(host_frac * 100 + 0.5), "%",
                                             " prefetch=", prefetch ? "on" : "off", " top-quarter share=", top_share,
                                             " reuse=", reuse);
     std::fprintf(stderr, "%s\n", config.c_str());
@@ -253,6 +268,8 @@ Status run_bench(const tools::Args& a) {
          {"decode_tokens_per_s", tps, "tok/s"},
          {"decode_step_ms_median", tools::median(ms), "ms"},
          {"resident_decode_tokens_per_s", resident_tps, "tok/s"},
+         {"resident_decode_step_ms_median", resident_median_ms, "ms"},
+         {"host_tier_hits_per_token", static_cast<double>(st.host_tier_hits() - tier0) / n, "experts"},
          {"vs_resident", tps / resident_tps, "ratio"},
          {"disk_read_rate", disk / 1e6, "MB/s"},
          {"disk_bound_tokens_per_s", bytes > 0 ? disk / bytes : 0.0, "tok/s"},
@@ -269,11 +286,11 @@ Status run_bench(const tools::Args& a) {
 int main(int argc, char** argv) {
   std::vector<std::string> v(argv + 1, argv + argc);
   auto a = dsflash::tools::Args::parse(v, {}, {"model", "store-bin", "fractions", "prompt", "decode", "readers", "prefetch",
-                                               "csv", "label", "trace-out"});
+                                               "csv", "label", "trace-out", "host-cache"});
   if (!a.ok() || !a->has("model") || !a->has("store-bin")) {
     std::fprintf(stderr,
                  "usage: expert_stream_bench --model M.gguf --store-bin PATH [--fractions 0.25,0.5,1] [--prompt 64] "
-                 "[--decode 256] [--readers 4] [--prefetch on|off] [--trace-out F] [--csv F] [--label L]\n");
+                 "[--decode 256] [--readers 4] [--prefetch on|off] [--host-cache 0] [--trace-out F] [--csv F] [--label L]\n");
     return 2;
   }
   const dsflash::Status s = dsflash::run_bench(*a);
