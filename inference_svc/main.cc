@@ -42,7 +42,9 @@ constexpr const char* kUsage =
     "  --backend cpu|cuda      where the forward pass runs (default cpu); cuda copies every weight to\n"
     "                          device memory, routed experts too unless --expert-store names a store\n"
     "                          with a device arena (dsflash-expertstore --arena device), which they are\n"
-    "                          then streamed from\n";
+    "                          then streamed from\n"
+    "  --engram-tables auto|device|host  cuda: Engram tables in device memory, or left in the file\n"
+    "                          with each step's rows copied over (auto: host when experts are streamed)\n";
 
 struct Flags {
   std::string model;
@@ -55,6 +57,7 @@ struct Flags {
   double load_rate_mbps = 0;  // 0: unlimited
   std::string expert_store;   // address of dsflash-expertstore; empty: experts read in-process
   dsflash::kernels::Backend backend = dsflash::kernels::Backend::kCpu;
+  dsflash::model::LoadOptions::EngramTables engram_tables = dsflash::model::LoadOptions::EngramTables::kAuto;
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -76,6 +79,11 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     if (a == "--expert-store" && value(&f->expert_store)) continue;
     if (a == "--backend" && value(&v) && (v == "cpu" || v == "cuda")) {
       f->backend = v == "cuda" ? dsflash::kernels::Backend::kCuda : dsflash::kernels::Backend::kCpu;
+      continue;
+    }
+    if (a == "--engram-tables" && value(&v) && (v == "auto" || v == "device" || v == "host")) {
+      using E = dsflash::model::LoadOptions::EngramTables;
+      f->engram_tables = v == "auto" ? E::kAuto : (v == "device" ? E::kDevice : E::kHost);
       continue;
     }
     if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
@@ -111,7 +119,7 @@ struct Loaded {
 dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file, dsflash::engine::Metrics& metrics,
                                                  double rate_mbps,
                                                  std::unique_ptr<dsflash::model::ExpertSource> experts,
-                                                  dsflash::kernels::Backend backend) {
+                                                  dsflash::model::LoadOptions options) {
   using namespace dsflash;
   const auto t0 = std::chrono::steady_clock::now();
   auto last = t0;
@@ -132,12 +140,12 @@ dsflash::StatusOr<std::unique_ptr<Loaded>> load(const dsflash::gguf::Model& file
     return g_signal == 0;
   }));
   auto out = std::make_unique<Loaded>();
-  ASSIGN_OR_RETURN(out->model, model::Model::load(file, std::move(experts), model::LoadOptions{backend}));
+  ASSIGN_OR_RETURN(out->model, model::Model::load(file, std::move(experts), options));
   ASSIGN_OR_RETURN(out->tok, tok::Tokenizer::from_gguf(file));
   const auto& c = out->model->config();
   log::info("model '%s' loaded in %.2f s: %u layers, vocab %u, context %u, %s backend", c.name,
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), c.n_layer, c.n_vocab, c.n_ctx,
-            backend == kernels::Backend::kCuda ? "CUDA" : "CPU");
+            options.backend == kernels::Backend::kCuda ? "CUDA" : "CPU");
   return out;
 }
 
@@ -247,7 +255,9 @@ int main(int argc, char** argv) {
     client = c->get();
     experts = std::move(*c);
   }
-  auto loaded = load(**file, metrics, flags.load_rate_mbps, std::move(experts), flags.backend);
+  model::LoadOptions options{flags.backend};
+  options.engram_tables = flags.engram_tables;
+  auto loaded = load(**file, metrics, flags.load_rate_mbps, std::move(experts), options);
   if (!loaded.ok()) {
     log::error("%s", std::string(loaded.status().message()));
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));

@@ -30,6 +30,7 @@ void DecodeGraphs::release() {
   drop();
   step = DevBuf<int64_t>();
   logits = DevBuf<float>();
+  engram_rows = DevBuf<uint8_t>();
   kernels::host_free_pinned(step_host);
   step_host = nullptr;
 }
@@ -53,6 +54,10 @@ Status DeviceModel::prepare_graphs(DeviceSequence& ds, int64_t pos) const {
     const int64_t slots = StepSlots::kEngram + static_cast<int64_t>(cfg_.engram.layer_ids.size()) * cfg_.engram.cols();
     ASSIGN_OR_RETURN(g.step, DevBuf<int64_t>::make(ds.ctx, slots));
     ASSIGN_OR_RETURN(g.logits, DevBuf<float>::make(ds.ctx, output_.rows));
+    if (engram_host_) {
+      ASSIGN_OR_RETURN(g.engram_rows, DevBuf<uint8_t>::make(ds.ctx, static_cast<int64_t>(engram_stage_offset(
+                                                                        cfg_.engram.layer_ids.size(), 1))));
+    }
     ASSIGN_OR_RETURN(void* pinned, kernels::host_alloc_pinned(static_cast<size_t>(slots) * sizeof(int64_t)));
     g.step_host = static_cast<int64_t*>(pinned);
   }
@@ -84,6 +89,7 @@ Status DeviceModel::capture(DeviceSequence& ds, Sequence& seq, int parity) const
     call.step = g.step.get();
     call.cap = g.cap;
     call.engram_ids = g.step.get() + StepSlots::kEngram;
+    call.engram_rows = g.engram_rows.get();  // Engram tables on the host: staged before each replay
     call.appends = &g.appends[parity];
     return pass(call, g.step.get() + StepSlots::kToken, false, g.logits.get());
   }();
@@ -112,7 +118,18 @@ Status DeviceModel::graph_step(Sequence& seq, int32_t token, std::vector<float>*
     v[StepSlots::group_start(r)] = (pos / r) * r;
     v[StepSlots::new_row(r)] = pos / r;  // latents completed before this position
   }
-  ASSIGN_OR_RETURN(const std::vector<int64_t> eids, engram_ids(seq, pos, 1));
+  ASSIGN_OR_RETURN(std::vector<int64_t> eids, engram_ids(seq, pos, 1));
+  if (engram_host_) {  // the step's rows staged for the replay; the ids number them
+    prefetch_engram_rows(eids, 1);
+    const size_t n_engram = cfg_.engram.layer_ids.size();
+    ASSIGN_OR_RETURN(uint8_t* stage, engram_stage(ds, engram_stage_offset(n_engram, 1)));
+    const int64_t cols = cfg_.engram.cols();
+    for (size_t e = 0; e < n_engram; ++e) {
+      const uint64_t off = engram_stage_offset(e, 1);
+      RETURN_IF_ERROR(stage_engram_rows(ds.ctx, e, eids.data() + e * cols, 1, stage + off, g.engram_rows.get() + off));
+    }
+    for (size_t i = 0; i < eids.size(); ++i) eids[i] = static_cast<int64_t>(i) % cols;
+  }
   std::copy(eids.begin(), eids.end(), v + StepSlots::kEngram);
   RETURN_IF_ERROR(kernels::copy(ds.ctx, Copy::kHostToDevice, g.step.get(), v,
                                 (StepSlots::kEngram + eids.size()) * sizeof(int64_t)));

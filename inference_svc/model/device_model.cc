@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "inference_svc/model/engram_rows.h"
 #include "inference_svc/model/weights.h"
 #include "kernels/dequant/dequant.h"
 #include "kernels/engram/engram.h"
@@ -80,6 +81,7 @@ DeviceSequence::~DeviceSequence() {
     (void)kernels::stream_sync(ctx);
     kernels::stream_destroy(ctx.cuda_stream);
   }
+  kernels::host_free_pinned(engram_stage);
 }
 
 DeviceModel::~DeviceModel() {
@@ -129,10 +131,14 @@ Status DeviceModel::upload_layer(const gguf::Model& file, int l) {
       {&w.wo_a, &d.wo_a},         {&w.wo_b, &d.wo_b},         {&w.comp_kv, &d.comp_kv},
       {&w.comp_gate, &d.comp_gate}, {&w.idx_wk, &d.idx_wk},   {&w.idx_wq_b, &d.idx_wq_b},
       {&w.idx_proj, &d.idx_proj}, {&w.gate_inp, &d.gate_inp}, {&w.sh_gate, &d.sh_gate},
-      {&w.sh_up, &d.sh_up},       {&w.sh_down, &d.sh_down},   {&w.engram_embd, &d.engram_embd},
-      {&w.engram_wkv, &d.engram_wkv}};
+      {&w.sh_up, &d.sh_up},       {&w.sh_down, &d.sh_down},   {&w.engram_wkv, &d.engram_wkv}};
   for (const auto& [src, dst] : mats) {
     ASSIGN_OR_RETURN(*dst, upload(*src));
+  }
+  if (engram_host_) {
+    d.engram_embd = w.engram_embd;  // stays in the mapped file (engram_rows.h)
+  } else {
+    ASSIGN_OR_RETURN(d.engram_embd, upload(w.engram_embd));
   }
   if (streamed_ != nullptr) return absl::OkStatus();  // the routed experts come from the source
   const std::string p = absl::StrCat("blk.", l, ".");
@@ -147,7 +153,8 @@ Status DeviceModel::upload_layer(const gguf::Model& file, int l) {
 }
 
 StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::load(const gguf::Model& file, const config::ModelConfig& cfg,
-                                                         ExpertSource* streamed, bool prefetch_next_layer) {
+                                                         ExpertSource* streamed, bool prefetch_next_layer,
+                                                         bool engram_on_host) {
   if (!kernels::cuda_available()) {
     return absl::FailedPreconditionError("the CUDA backend was asked for, but no CUDA device is usable (or this build has no CUDA)");
   }
@@ -155,6 +162,7 @@ StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::load(const gguf::Model& file
   m->cfg_ = cfg;
   m->streamed_ = streamed;
   m->prefetch_next_ = prefetch_next_layer;
+  m->engram_host_ = engram_on_host;
   ASSIGN_OR_RETURN(void* stream, kernels::stream_create());
   m->load_ctx_ = ExecCtx{kernels::Backend::kCuda, stream};
   m->layers_.resize(cfg.n_layer);
@@ -241,7 +249,20 @@ Status DeviceModel::eager(Sequence& seq, const std::vector<int32_t>& tokens, boo
   call.pos0 = seq.n_past;
   call.S = S;
   call.n_win = call.pos0 == 0 ? S : (S == 1 ? cfg_.window : cfg_.window + S);
-  ASSIGN_OR_RETURN(const std::vector<int64_t> eids, engram_ids(seq, call.pos0, S));
+  ASSIGN_OR_RETURN(std::vector<int64_t> eids, engram_ids(seq, call.pos0, S));
+  std::vector<int64_t> table_ids;
+  DevBuf<uint8_t> rows_d;
+  if (engram_host_) {  // the ids number the staged rows; engram() stages them layer by layer
+    prefetch_engram_rows(eids, S);
+    const uint64_t bytes = engram_stage_offset(cfg_.engram.layer_ids.size(), S);
+    ASSIGN_OR_RETURN(call.engram_stage, engram_stage(ds, bytes));
+    ASSIGN_OR_RETURN(rows_d, DevBuf<uint8_t>::make(ctx, static_cast<int64_t>(bytes)));
+    call.engram_rows = rows_d.get();
+    table_ids = eids;
+    call.engram_host_ids = table_ids.data();
+    const int64_t per_layer = S * cfg_.engram.cols();
+    for (size_t i = 0; i < eids.size(); ++i) eids[i] = static_cast<int64_t>(i) % per_layer;
+  }
   ASSIGN_OR_RETURN(auto eids_d, DevBuf<int64_t>::make(ctx, static_cast<int64_t>(eids.size())));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, eids_d.get(), eids.data(), eids.size() * sizeof(int64_t)));
   call.engram_ids = eids_d.get();
@@ -353,14 +374,63 @@ Status DeviceModel::engram(int l, Call& call, float* h) const {
   size_t e = 0;
   while (ec.layer_ids[e] != l) ++e;
   const int64_t cols = ec.cols(), S = call.S, C = cfg_.hc_mult, D = cfg_.n_embd;
+  // The table on the device, or the call's rows staged from the host (by a replay's host
+  // before it ran, else here: the copy overlaps the layers the stream is still running).
+  const uint8_t* table = w.engram_embd.data;
+  int64_t n_rows = w.engram_embd.rows;
+  if (engram_host_) {
+    const uint64_t off = engram_stage_offset(e, S);
+    if (call.engram_host_ids != nullptr) {
+      RETURN_IF_ERROR(stage_engram_rows(ctx, e, call.engram_host_ids + e * S * cols, S, call.engram_stage + off,
+                                        call.engram_rows + off));
+    }
+    table = call.engram_rows + off;
+    n_rows = S * cols;
+  }
   ASSIGN_OR_RETURN(auto rows, DevBuf<float>::make(ctx, S * cols * w.engram_embd.cols));
-  RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, w.engram_embd.type, w.engram_embd.data, w.engram_embd.cols,
-                                                     w.engram_embd.row_bytes, w.engram_embd.rows,
+  RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, w.engram_embd.type, table, w.engram_embd.cols,
+                                                     w.engram_embd.row_bytes, n_rows,
                                                      call.engram_ids + e * S * cols, S * cols, true, rows.get()));
   ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * w.engram_wkv.rows));
   RETURN_IF_ERROR(dev_linear(ctx, w.engram_wkv, rows.get(), S, kv.get()));
   return kernels::engram::gate_update_cuda(ctx, h, kv.get(), w.engram_qk, static_cast<int>(C), D, S, cfg_.norm_eps,
                                            nullptr);
+}
+
+uint64_t DeviceModel::engram_stage_offset(size_t e, int64_t S) const {
+  uint64_t off = 0;
+  for (size_t i = 0; i < e; ++i) {
+    off += static_cast<uint64_t>(S * cfg_.engram.cols()) * layers_[cfg_.engram.layer_ids[i]].engram_embd.row_bytes;
+  }
+  return off;
+}
+
+StatusOr<uint8_t*> DeviceModel::engram_stage(DeviceSequence& ds, uint64_t bytes) const {
+  RETURN_IF_ERROR(kernels::stream_sync(ds.ctx));  // no copy from an earlier (failed) call pending
+  if (bytes > ds.engram_stage_bytes) {
+    kernels::host_free_pinned(ds.engram_stage);
+    ds.engram_stage = nullptr;
+    ds.engram_stage_bytes = 0;
+    ASSIGN_OR_RETURN(void* p, kernels::host_alloc_pinned(std::max<uint64_t>(bytes, 64 << 10)));
+    ds.engram_stage = static_cast<uint8_t*>(p);
+    ds.engram_stage_bytes = std::max<uint64_t>(bytes, 64 << 10);
+  }
+  return ds.engram_stage;
+}
+
+void DeviceModel::prefetch_engram_rows(const std::vector<int64_t>& ids, int64_t S) const {
+  const int64_t per_layer = S * cfg_.engram.cols();
+  for (size_t e = 0; e < cfg_.engram.layer_ids.size(); ++e) {
+    prefetch_rows(layers_[cfg_.engram.layer_ids[e]].engram_embd, ids.data() + e * per_layer, per_layer);
+  }
+}
+
+Status DeviceModel::stage_engram_rows(const ExecCtx& ctx, size_t e, const int64_t* ids, int64_t S, uint8_t* stage,
+                                      uint8_t* dev) const {
+  const kernels::Weight& table = layers_[cfg_.engram.layer_ids[e]].engram_embd;
+  const int64_t n = S * cfg_.engram.cols();
+  copy_rows(table, ids, n, stage);
+  return kernels::copy(ctx, Copy::kHostToDevice, dev, stage, static_cast<uint64_t>(n) * table.row_bytes);
 }
 
 }  // namespace dsflash::model

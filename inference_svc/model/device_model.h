@@ -110,6 +110,7 @@ struct DecodeGraphs {
   DevBuf<int64_t> step;  // StepSlots on the device
   int64_t* step_host = nullptr;  // pinned mirror
   DevBuf<float> logits;  // [n_vocab]: the replay's output
+  DevBuf<uint8_t> engram_rows;  // Engram tables on the host: the step's rows, staged before each replay
   std::vector<std::pair<DevRows*, int64_t>> appends[2];  // rows each graph appends per replay
 };
 
@@ -118,6 +119,8 @@ struct DeviceSequence {
   kernels::ExecCtx ctx;  // the sequence's own stream
   std::vector<DeviceLayerState> layers;
   DecodeGraphs graphs;
+  uint8_t* engram_stage = nullptr;  // pinned: Engram rows on their way to the device
+  uint64_t engram_stage_bytes = 0;
 };
 
 class DeviceModel {
@@ -136,8 +139,11 @@ class DeviceModel {
   // `streamed`: null keeps every routed expert resident; else the source (device memory) each
   // MoE layer acquires its experts from, with layer l+1's experts hinted a layer early at
   // decode when `prefetch_next_layer`.
+  // `engram_on_host`: the Engram tables stay in the mapped file and each call copies the rows
+  // it needs to the device (engram_rows.h); else they are uploaded with the other weights.
   static StatusOr<std::unique_ptr<DeviceModel>> load(const gguf::Model& file, const config::ModelConfig& cfg,
-                                                     ExpertSource* streamed = nullptr, bool prefetch_next_layer = false);
+                                                     ExpertSource* streamed = nullptr, bool prefetch_next_layer = false,
+                                                     bool engram_on_host = false);
   ~DeviceModel();
 
   StatusOr<std::shared_ptr<DeviceSequence>> new_sequence() const;
@@ -170,6 +176,17 @@ class DeviceModel {
   // Engram row ids of every Engram layer for the call's tokens ([engram layer][S][cols]),
   // hashed on the host from the compressed ids and checked against the tables.
   StatusOr<std::vector<int64_t>> engram_ids(const Sequence& seq, int64_t pos0, int64_t S) const;
+  // Engram tables on the host: where Engram layer e's rows of an S-token call start in the
+  // call's staged rows, and their total size (bytes).
+  uint64_t engram_stage_offset(size_t e, int64_t S) const;
+  // The sequence's pinned staging buffer for `bytes` of rows (grown as needed; the sequence's
+  // previous call has completed).
+  StatusOr<uint8_t*> engram_stage(DeviceSequence& ds, uint64_t bytes) const;
+  // Starts the page-ins of every Engram layer's rows `ids` ([engram layer][S][cols]).
+  void prefetch_engram_rows(const std::vector<int64_t>& ids, int64_t S) const;
+  // Copies Engram layer e's rows of `ids` to its place in `stage` and from there to `dev`.
+  Status stage_engram_rows(const kernels::ExecCtx& ctx, size_t e, const int64_t* ids, int64_t S, uint8_t* stage,
+                           uint8_t* dev) const;
   Status block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre) const;
   Status attention(int l, Call& call, const float* x, float* y) const;
   Status compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const;
@@ -209,6 +226,7 @@ class DeviceModel {
   bool routed_decode_ = false;  // every layer's routed experts have device-routed GEMVs
   ExpertSource* streamed_ = nullptr;  // the routed experts' source when they are not resident
   bool prefetch_next_ = false;
+  bool engram_host_ = false;  // Engram tables on the host: Layer::engram_embd views the mapped file
   std::atomic<bool> graphs_{true};
   mutable std::atomic<int64_t> replays_{0};
   std::vector<void*> owned_;  // every weight allocation, freed with the model
@@ -239,6 +257,13 @@ struct DeviceModel::Call {
   DeviceSequence& seq;
   int64_t pos0 = 0, S = 0, n_win = 0;
   const int64_t* engram_ids = nullptr;  // device [engram layer][S][cols]
+  // Engram tables on the host: the ids above number rows of `engram_rows` (device, at
+  // engram_stage_offset), which a call run as issued fills layer by layer from
+  // `engram_host_ids` (the table rows) through the pinned `engram_stage`; a replay finds them
+  // staged.
+  uint8_t* engram_rows = nullptr;
+  const int64_t* engram_host_ids = nullptr;
+  uint8_t* engram_stage = nullptr;
   // A captured decode step: per-step values read from `step` (StepSlots) when it runs, sizes
   // from the capacity `cap` (positions below it); null / 0 for a call run as issued.
   const int64_t* step = nullptr;

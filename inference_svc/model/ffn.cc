@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/quant/numeric.h"
+#include "inference_svc/model/engram_rows.h"
 #include "inference_svc/model/model.h"
 #include "inference_svc/model/weights.h"
 #include "kernels/engram/engram.h"
@@ -80,20 +81,23 @@ Status Model::engram(int l, Sequence& seq, int64_t pos0, int64_t S, std::vector<
   size_t e = 0;
   while (ec.layer_ids[e] != l) ++e;
   const int64_t cols = ec.cols(), hd = ec.head_dim, C = cfg_.hc_mult, D = cfg_.n_embd;
-  std::vector<float> rows(static_cast<size_t>(S * cols * hd));
-  std::vector<int64_t> ids(static_cast<size_t>(cols));
-  std::vector<float> ids_f(static_cast<size_t>(S * cols));
+  std::vector<int64_t> ids(static_cast<size_t>(S * cols));
   for (int64_t t = 0; t < S; ++t) {
-    kernels::engram::hash_ids(ec, e, seq.engram_ids.data(), pos0 + t + 1, ids.data());
-    for (int64_t c = 0; c < cols; ++c) {
-      if (ids[c] < 0 || ids[c] >= w.engram_embd.rows) {
-        return absl::InternalError(absl::StrCat("Engram layer ", l, ": row id ", ids[c], " outside the table"));
-      }
-      float* dst = &rows[(t * cols + c) * hd];
-      kernels::decode_weight_row(w.engram_embd, ids[c], dst);
-      for (int64_t j = 0; j < hd; ++j) dst[j] = quant::round_bf16(dst[j]);
-      ids_f[t * cols + c] = static_cast<float>(ids[c]);
+    kernels::engram::hash_ids(ec, e, seq.engram_ids.data(), pos0 + t + 1, &ids[t * cols]);
+  }
+  for (int64_t id : ids) {
+    if (id < 0 || id >= w.engram_embd.rows) {
+      return absl::InternalError(absl::StrCat("Engram layer ", l, ": row id ", id, " outside the table"));
     }
+  }
+  prefetch_rows(w.engram_embd, ids.data(), S * cols);  // all page-ins at once (engram_rows.h)
+  std::vector<float> rows(static_cast<size_t>(S * cols * hd));
+  std::vector<float> ids_f(static_cast<size_t>(S * cols));
+  for (int64_t i = 0; i < S * cols; ++i) {
+    float* dst = &rows[i * hd];
+    kernels::decode_weight_row(w.engram_embd, ids[i], dst);
+    for (int64_t j = 0; j < hd; ++j) dst[j] = quant::round_bf16(dst[j]);
+    ids_f[i] = static_cast<float>(ids[i]);
   }
   if (hook) hook(absl::StrCat("L", l, ".engram.hash_ids"), ids_f.data(), S, cols);
   std::vector<float> kv(static_cast<size_t>(S * w.engram_wkv.rows));

@@ -48,7 +48,10 @@ StatusOr<std::unique_ptr<Model>> Model::load(const gguf::Model& file, std::uniqu
           "(start dsflash-expertstore with --arena device)");
     }
     ASSIGN_OR_RETURN(m->device_, DeviceModel::load(file, c, in_process ? nullptr : m->experts_.get(),
-                                                   options.prefetch_next_layer));
+                                                   options.prefetch_next_layer,
+                                                   options.engram_tables == LoadOptions::EngramTables::kHost ||
+                                                       (options.engram_tables == LoadOptions::EngramTables::kAuto &&
+                                                        !in_process)));
   } else if (device_memory) {
     return absl::FailedPreconditionError(
         "the CPU backend reads experts from host memory, but this expert source hands out device memory "

@@ -98,6 +98,12 @@ struct LoadOptions {
   // default: on the H200 it read 13 % more and decoded 9-15 % slower (bench/results.csv,
   // expert_streaming), as Atlas measured on V4.1; to be re-measured with skewed routing.
   bool prefetch_next_layer = false;
+  // kCuda: where the Engram tables live. kAuto: on the host when the routed experts are
+  // streamed (a model larger than memory; the real tables are ~80 GB at Q2_K), else in device
+  // memory. On the host, each call's rows are read from the mapped file (model/engram_rows.h)
+  // and copied to the device with the call; the logits are the same either way.
+  enum class EngramTables { kAuto, kDevice, kHost };
+  EngramTables engram_tables = EngramTables::kAuto;
 };
 
 // Called with every named intermediate (e.g. "L3.attn.norm_out", rows x cols values); the

@@ -235,5 +235,47 @@ TEST_F(GoldenCuda, DecodeGraphsMatchEagerDecodeBitForBit) {
   m.set_decode_graphs(true);
 }
 
+// Engram tables left on the host (each call stages its rows, engram_rows.h) give the logits of
+// tables in device memory bit for bit: the same row bytes reach the same kernels. Golden and
+// synthetic models; a chunked prefill (every row), eager decode steps and graph replays.
+TEST_F(GoldenCuda, EngramTablesOnTheHostMatchDeviceTablesBitForBit) {
+  for (const gguf::Model* file : {static_cast<const gguf::Model*>(file_), static_cast<const gguf::Model*>(synth_)}) {
+    ASSERT_NE(file, nullptr);
+    LoadOptions on_host{kernels::Backend::kCuda};
+    on_host.engram_tables = LoadOptions::EngramTables::kHost;
+    auto dev = Model::load(*file, nullptr, LoadOptions{kernels::Backend::kCuda});
+    auto host = Model::load(*file, nullptr, on_host);
+    ASSERT_TRUE(dev.ok() && host.ok());
+    const int32_t V = static_cast<int32_t>((*dev)->config().n_vocab);
+    auto run = [&](Model& m, bool graphs) {
+      m.set_decode_graphs(graphs);
+      std::vector<float> out, logits;
+      auto seq = m.new_sequence();
+      EXPECT_NE(seq, nullptr);
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 19; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 104729) % (V - 3)));
+      EXPECT_TRUE(m.forward(*seq, std::vector<int32_t>(prompt.begin(), prompt.begin() + 11), true, &out).ok());
+      EXPECT_TRUE(m.forward(*seq, std::vector<int32_t>(prompt.begin() + 11, prompt.end()), true, &logits).ok());
+      out.insert(out.end(), logits.begin(), logits.end());
+      for (int i = 0; i < 24; ++i) {
+        EXPECT_TRUE(m.forward(*seq, {static_cast<int32_t>(3 + (i * 7919) % (V - 3))}, false, &logits).ok());
+        out.insert(out.end(), logits.begin(), logits.end());
+      }
+      return out;
+    };
+    const std::vector<float> ref = run(**dev, false);
+    for (bool graphs : {false, true}) {
+      const int64_t replays0 = (*host)->decode_graph_replays();
+      const std::vector<float> got = run(**host, graphs);
+      ASSERT_EQ(got.size(), ref.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < ref.size(); ++i) differ += std::memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0) << "of " << ref.size() << " logits, graphs " << graphs;
+      // The golden file's experts have no decode GEMVs (no graphs); the synthetic one replays.
+      if (graphs && file == synth_) EXPECT_EQ((*host)->decode_graph_replays() - replays0, 24);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsflash::model
