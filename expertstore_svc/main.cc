@@ -34,7 +34,7 @@ constexpr const char* kUsage =
     "  --metrics HOST:PORT   Prometheus endpoint (default 0.0.0.0:9101; 'off' disables)\n"
     "  --budget SIZE         expert arena bytes, e.g. 512M, 64G (default 1G)\n"
     "  --host-cache SIZE     a host-memory tier between disk and arena, e.g. 96G (default 0: none)\n"
-    "  --reader-threads N    shard reader threads (default 2)\n"
+    "  --reader-threads N    shard reader threads (default 8)\n"
     "  --staging-buffers N   staging ring buffers (default 2 per reader)\n"
     "  --pin-staging BOOL    page-lock the staging ring; failure is an error (default true)\n"
     "  --direct-io BOOL      O_DIRECT shard reads where supported (default true)\n"

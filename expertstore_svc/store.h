@@ -28,7 +28,7 @@ namespace dsflash::expertstore {
 
 struct StoreOptions {
   uint64_t budget_bytes = 1ull << 30;  // arena bytes
-  int reader_threads = 2;
+  int reader_threads = 8;  // more reads in flight: 16 vs 4 decoded 20 % faster (bench/results.csv)
   int staging_buffers = 0;  // 0: two per reader thread
   bool pin_staging = true;  // page-lock the staging ring (failure is an error)
   bool direct_io = true;    // O_DIRECT reads where the file system supports them

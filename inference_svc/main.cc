@@ -44,7 +44,9 @@ constexpr const char* kUsage =
     "                          with a device arena (dsflash-expertstore --arena device), which they are\n"
     "                          then streamed from\n"
     "  --engram-tables auto|device|host  cuda: Engram tables in device memory, or left in the file\n"
-    "                          with each step's rows copied over (auto: host when experts are streamed)\n";
+    "                          with each step's rows copied over (auto: host when experts are streamed)\n"
+    "  --prefetch-next-layer on|off  cuda + --expert-store: hint layer l+1's likely experts from\n"
+    "                          layer l (default off; see LoadOptions::prefetch_next_layer)\n";
 
 struct Flags {
   std::string model;
@@ -58,6 +60,7 @@ struct Flags {
   std::string expert_store;   // address of dsflash-expertstore; empty: experts read in-process
   dsflash::kernels::Backend backend = dsflash::kernels::Backend::kCpu;
   dsflash::model::LoadOptions::EngramTables engram_tables = dsflash::model::LoadOptions::EngramTables::kAuto;
+  bool prefetch_next_layer = false;
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -84,6 +87,10 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     if (a == "--engram-tables" && value(&v) && (v == "auto" || v == "device" || v == "host")) {
       using E = dsflash::model::LoadOptions::EngramTables;
       f->engram_tables = v == "auto" ? E::kAuto : (v == "device" ? E::kDevice : E::kHost);
+      continue;
+    }
+    if (a == "--prefetch-next-layer" && value(&v) && (v == "on" || v == "off")) {
+      f->prefetch_next_layer = v == "on";
       continue;
     }
     if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
@@ -257,6 +264,7 @@ int main(int argc, char** argv) {
   }
   model::LoadOptions options{flags.backend};
   options.engram_tables = flags.engram_tables;
+  options.prefetch_next_layer = flags.prefetch_next_layer;
   auto loaded = load(**file, metrics, flags.load_rate_mbps, std::move(experts), options);
   if (!loaded.ok()) {
     log::error("%s", std::string(loaded.status().message()));

@@ -95,8 +95,10 @@ struct LoadOptions {
   kernels::Backend backend = kernels::Backend::kCpu;
   // kCuda with streamed experts, decode: layer l+1's router also runs on layer l's MoE input
   // and the experts it picks are hinted to the source (loads start a layer early). Off by
-  // default: on the H200 it read 13 % more and decoded 9-15 % slower (bench/results.csv,
-  // expert_streaming), as Atlas measured on V4.1; to be re-measured with skewed routing.
+  // default: it always reads more (12-16 % on the H200, bench/results.csv expert_streaming);
+  // with nearly even routing it decoded 9-15 % slower, with skewed routing (mkmodel
+  // --routing-skew 0.3) 6-9 % faster at 25-50 % arenas (more reads in flight), and Atlas
+  // measured a net loss on V4.1 on a GB10. dsflash-inference --prefetch-next-layer on.
   bool prefetch_next_layer = false;
   // kCuda: where the Engram tables live. kAuto: on the host when the routed experts are
   // streamed (a model larger than memory; the real tables are ~80 GB at Q2_K), else in device
