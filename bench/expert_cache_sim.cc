@@ -1,7 +1,7 @@
 // Expert-arena eviction policies on a synthetic V4.1 routing trace, through the store's own
 // SlotTable (lock_victim / publish / try_acquire / release): strict LRU against a random victim
-// among the oldest 2, 6 and 12 % of the unleased slots, with Belady's offline optimum as the
-// floor, for arenas of 25, 50 and 90 % of the experts. Hit rates depend on the policy and the
+// among the oldest 2, 6 and 12 % of the unleased slots and against aged least-frequent (the
+// store's default), with Belady's offline optimum as the floor, for arenas of 25, 50 and 90 % of the experts. Hit rates depend on the policy and the
 // trace, not on the machine, so this runs anywhere (issue 7: "decide the eviction policy by
 // measurement"); the decode-time cost of the misses is measured on the GPU separately.
 //
@@ -118,26 +118,28 @@ struct Result {
 
 // The trace through a SlotTable of n_slots: each layer's experts are leased together (as a
 // decode step holds them while its kernels run) and released after the layer.
-Result simulate(const std::vector<uint16_t>& trace, const TraceOptions& o, uint32_t n_slots, double oldest_fraction) {
-  const size_t tb = SlotTable::table_bytes(o.layers, o.experts, n_slots), lb = SlotTable::lease_bytes(n_slots);
+Result simulate(const std::vector<uint16_t>& trace, const TraceOptions& o, uint32_t n_slots, double oldest_fraction,
+                bool least_frequent) {
+  const size_t tb = SlotTable::table_bytes(o.layers, o.experts, n_slots), lb = SlotTable::lease_bytes(o.layers, o.experts, n_slots);
   std::unique_ptr<uint8_t, decltype(&std::free)> table(static_cast<uint8_t*>(std::aligned_alloc(64, (tb + 63) / 64 * 64)),
                                                        &std::free);
   std::unique_ptr<uint8_t, decltype(&std::free)> leases(static_cast<uint8_t*>(std::aligned_alloc(64, (lb + 63) / 64 * 64)),
                                                         &std::free);
   SlotTable st = SlotTable::create(table.get(), leases.get(), o.layers, o.experts, n_slots, 1);
   st.set_eviction(oldest_fraction, o.seed);
+  if (least_frequent) st.set_least_frequent(16ull * o.layers * o.experts);  // as the store
   Result r;
-  uint64_t tick = 0;
   std::vector<Lease> held;
   for (int t = 0; t < o.tokens; ++t) {
     for (uint32_t l = 0; l < o.layers; ++l) {
       for (uint32_t k = 0; k < o.top; ++k) {
         const uint32_t e = trace[(static_cast<size_t>(t) * o.layers + l) * o.top + k];
-        std::optional<Lease> lease = st.try_acquire(0, l, e, ++tick);
+        std::optional<Lease> lease = st.try_acquire(0, l, e, st.next_tick());
         const bool hit = lease.has_value();
         if (!hit) {
           const std::optional<uint32_t> slot = st.lock_victim();
           if (!slot) std::abort();  // more experts leased at once than slots: not a configuration run here
+          const uint64_t tick = st.next_tick();
           st.publish(*slot, l, e, tick);
           lease = st.try_acquire(0, l, e, tick);
         }
@@ -280,10 +282,11 @@ int run(int argc, char** argv) {
     struct Policy {
       std::string name;
       double fraction;  // < 0: Belady
+      bool least_frequent = false;
     };
     for (const Policy& p : {Policy{"lru", 0}, Policy{"random-oldest-2%", 0.02}, Policy{"random-oldest-6%", 0.06},
-                            Policy{"random-oldest-12%", 0.12}, Policy{"belady", -1}}) {
-      const Result r = p.fraction < 0 ? belady(trace, o, slots) : simulate(trace, o, slots, p.fraction);
+                            Policy{"random-oldest-12%", 0.12}, Policy{"lfu-aged", 0, true}, Policy{"belady", -1}}) {
+      const Result r = p.fraction < 0 ? belady(trace, o, slots) : simulate(trace, o, slots, p.fraction, p.least_frequent);
       const double hit = static_cast<double>(r.hits) / static_cast<double>(r.hits + r.misses);
       std::printf("arena %3.0f%% (%5u slots) %-18s hit rate %.4f, %6.2f misses per token\n", arena * 100, slots,
                   p.name.c_str(), hit, r.misses / counted);

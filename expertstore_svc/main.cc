@@ -42,8 +42,9 @@ constexpr const char* kUsage =
     "                        (device when a GPU is present) (default host)\n"
     "  --device N            CUDA device of a device arena (default 0)\n"
     "  --device-sharing M    auto (VMM POSIX-fd, else legacy IPC), cuda-vmm-fd or cuda-ipc (default auto)\n"
-    "  --eviction P          lru (default) or random-oldest:F (a random victim among the oldest fraction F\n"
-    "                        of the unleased slots, 0 < F <= 1)\n";
+    "  --eviction P          lfu (default: the least often used expert, counts aged), lru, or\n"
+    "                        random-oldest:F (a random victim among the oldest fraction F of the\n"
+    "                        unleased slots, 0 < F <= 1)\n";
 
 struct Flags {
   std::string model, listen = "unix:/tmp/dsflash-expertstore.sock", fd_socket, metrics = "0.0.0.0:9101";
@@ -74,12 +75,11 @@ bool parse_bool(const std::string& v, bool* out) {
   return false;
 }
 
-// "lru" -> 0; "random-oldest:F" -> F in (0, 1].
-bool parse_eviction(const std::string& v, double* fraction) {
-  if (v == "lru") {
-    *fraction = 0;
-    return true;
-  }
+// "lfu" -> least frequent; "lru" -> 0; "random-oldest:F" -> F in (0, 1].
+bool parse_eviction(const std::string& v, bool* least_frequent, double* fraction) {
+  *least_frequent = v == "lfu";
+  *fraction = 0;
+  if (v == "lfu" || v == "lru") return true;
   const std::string prefix = "random-oldest:";
   return v.rfind(prefix, 0) == 0 && absl::SimpleAtod(v.substr(prefix.size()), fraction) && *fraction > 0 &&
          *fraction <= 1;
@@ -106,7 +106,7 @@ int parse_flags(int argc, char** argv, Flags* f) {
     else if (a == "--direct-io") ok = ok && parse_bool(v, &f->store.direct_io);
     else if (a == "--arena") ok = ok && (v == "host" || v == "device" || v == "auto") && (f->store.arena = v, true);
     else if (a == "--device") ok = ok && absl::SimpleAtoi(v, &f->store.device) && f->store.device >= 0;
-    else if (a == "--eviction") ok = ok && parse_eviction(v, &f->store.evict_oldest_fraction);
+    else if (a == "--eviction") ok = ok && parse_eviction(v, &f->store.evict_least_frequent, &f->store.evict_oldest_fraction);
     else if (a == "--device-sharing")
       ok = ok && (v == "auto" || v == "cuda-vmm-fd" || v == "cuda-ipc") && (f->store.device_mechanism = v, true);
     else ok = false;

@@ -11,7 +11,7 @@
 namespace dsflash::expertstore {
 namespace {
 
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 
 }  // namespace
 
@@ -20,8 +20,9 @@ size_t SlotTable::table_bytes(uint32_t n_layers, uint32_t n_experts, uint32_t n_
          sizeof(SlotEntry) * static_cast<size_t>(n_slots);
 }
 
-size_t SlotTable::lease_bytes(uint32_t n_slots) {
-  return sizeof(LeaseHeader) + sizeof(SessionEntry) * kSessions + sizeof(SlotLeases) * static_cast<size_t>(n_slots);
+size_t SlotTable::lease_bytes(uint32_t n_layers, uint32_t n_experts, uint32_t n_slots) {
+  return sizeof(LeaseHeader) + sizeof(SessionEntry) * kSessions + sizeof(SlotLeases) * static_cast<size_t>(n_slots) +
+         sizeof(std::atomic<uint32_t>) * static_cast<size_t>(n_layers) * n_experts;
 }
 
 SlotTable SlotTable::create(void* table, void* leases, uint32_t n_layers, uint32_t n_experts, uint32_t n_slots,
@@ -39,6 +40,8 @@ SlotTable SlotTable::create(void* table, void* leases, uint32_t n_layers, uint32
   t.leases_ = reinterpret_cast<SlotLeases*>(q + sizeof(LeaseHeader) + sizeof(SessionEntry) * kSessions);
   for (uint32_t i = 0; i < kSessions; ++i) new (&t.sessions_[i]) SessionEntry{};
   for (uint32_t s = 0; s < n_slots; ++s) new (&t.leases_[s]) SlotLeases{};
+  t.uses_ = reinterpret_cast<std::atomic<uint32_t>*>(t.leases_ + n_slots);
+  for (size_t i = 0; i < size_t{n_layers} * n_experts; ++i) new (&t.uses_[i]) std::atomic<uint32_t>(0);
   return t;
 }
 
@@ -56,7 +59,7 @@ StatusOr<SlotTable> SlotTable::attach(const void* table, size_t table_size, void
     return absl::InvalidArgumentError("slot table region has a bad magic or version");
   }
   if (table_bytes(t.h_->n_layers, t.h_->n_experts, t.h_->n_slots) > table_size || lh->n_slots != t.h_->n_slots ||
-      lease_bytes(lh->n_slots) > leases_size) {
+      lease_bytes(t.h_->n_layers, t.h_->n_experts, lh->n_slots) > leases_size) {
     return absl::InvalidArgumentError(absl::StrCat("slot table geometry (", t.h_->n_layers, " layers x ", t.h_->n_experts,
                                                    " experts, ", t.h_->n_slots, " slots) does not fit its regions"));
   }
@@ -66,6 +69,7 @@ StatusOr<SlotTable> SlotTable::attach(const void* table, size_t table_size, void
   auto* q = static_cast<uint8_t*>(leases);
   t.sessions_ = reinterpret_cast<SessionEntry*>(q + sizeof(LeaseHeader));
   t.leases_ = reinterpret_cast<SlotLeases*>(q + sizeof(LeaseHeader) + sizeof(SessionEntry) * kSessions);
+  t.uses_ = reinterpret_cast<std::atomic<uint32_t>*>(t.leases_ + lh->n_slots);
   return t;
 }
 
@@ -85,6 +89,7 @@ std::optional<Lease> SlotTable::try_acquire(uint32_t session, uint32_t layer, ui
     return std::nullopt;
   }
   leases_[slot].last_use.store(tick, std::memory_order_relaxed);
+  uses_[id].fetch_add(1, std::memory_order_relaxed);
   return Lease{session, slot, gen};
 }
 
@@ -104,6 +109,21 @@ void SlotTable::set_eviction(double oldest_fraction, uint64_t seed) {
   rng_ = seed;
 }
 
+void SlotTable::set_least_frequent(uint64_t aging_ticks) {
+  aging_ticks_ = aging_ticks;
+  next_aging_ = lh_->clock.load(std::memory_order_relaxed) + aging_ticks;
+}
+
+void SlotTable::age_uses() {
+  const uint64_t now = lh_->clock.load(std::memory_order_relaxed);
+  if (now < next_aging_) return;
+  // A client's increment racing with the halving may be lost: a count is a heuristic.
+  for (size_t i = 0; i < size_t{h_->n_layers} * h_->n_experts; ++i) {
+    uses_[i].store(uses_[i].load(std::memory_order_relaxed) / 2, std::memory_order_relaxed);
+  }
+  next_aging_ = now + aging_ticks_;
+}
+
 uint64_t SlotTable::next_random() {  // splitmix64
   uint64_t z = (rng_ += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -112,6 +132,7 @@ uint64_t SlotTable::next_random() {  // splitmix64
 }
 
 std::optional<uint32_t> SlotTable::lock_victim(bool* evicted) {
+  if (aging_ticks_ > 0) age_uses();
   for (;;) {
     // Empty slots first, then by the eviction policy among the unleased slots.
     std::optional<uint32_t> best;
@@ -128,6 +149,16 @@ std::optional<uint32_t> SlotTable::lock_victim(bool* evicted) {
       }
       const uint64_t use = std::max(leases_[i].last_use.load(std::memory_order_relaxed),
                                     s.loaded_tick.load(std::memory_order_relaxed));
+      if (aging_ticks_ > 0) {  // least often leased first, then least recently
+        const int32_t e = s.expert.load(std::memory_order_acquire);
+        const uint64_t n = e >= 0 ? std::min<uint32_t>(uses_[e].load(std::memory_order_relaxed), (1u << 24) - 1) : 0;
+        const uint64_t key = (n << 40) | std::min<uint64_t>(use, (1ull << 40) - 1);
+        if (key < best_use) {
+          best_use = key;
+          best = i;
+        }
+        continue;
+      }
       if (use < best_use) {
         best_use = use;
         best = i;

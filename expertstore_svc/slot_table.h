@@ -6,7 +6,7 @@
 //          | SlotEntry[n_slots]
 //   leases (store and clients write): LeaseHeader | SessionEntry[kMaxSessions]
 //          | SlotLeases[n_slots] (one 64-byte line per slot: a use tick and one lease count
-//          per session)
+//          per session) | uses: uint32[n_layers*n_experts] (leases taken per expert, aged)
 // ExpertEntry.slot: 1 + slot index of a ready copy of the expert, 0 when not resident.
 // SlotEntry.generation: even = stable, odd = being refilled; bumped by the store around a
 // refill. SlotEntry.locked: 1 while the store owns the slot for a refill.
@@ -18,8 +18,10 @@
 // then read with sequentially consistent atomics, so at least one of them sees the other: a
 // leased slot is never evicted or overwritten. Eviction takes an empty slot, else the unleased
 // slot with the oldest use tick (LRU among unleased slots; clients write the tick on every
-// hit), or, with set_eviction(f), a random one among the oldest fraction f of them. Use ticks
-// come from one clock in the lease region that the store and every client advance.
+// hit), or, with set_eviction(f), a random one among the oldest fraction f of them, or, with
+// set_least_frequent(period), the one whose expert was leased least often (counts halved every
+// `period` ticks, so popularity can drift; ties by use tick). Use ticks come from one clock in
+// the lease region that the store and every client advance.
 #pragma once
 
 #include <atomic>
@@ -87,7 +89,7 @@ struct Lease {
 class SlotTable {
  public:
   static size_t table_bytes(uint32_t n_layers, uint32_t n_experts, uint32_t n_slots);
-  static size_t lease_bytes(uint32_t n_slots);
+  static size_t lease_bytes(uint32_t n_layers, uint32_t n_experts, uint32_t n_slots);
   // Formats both regions (zeroed or not) as an empty table (the store).
   static SlotTable create(void* table, void* leases, uint32_t n_layers, uint32_t n_experts, uint32_t n_slots,
                           uint64_t slot_bytes);
@@ -115,6 +117,15 @@ class SlotTable {
   // random one among the oldest f of them (at least one), which breaks strict LRU's lockstep
   // when the working set slightly exceeds the arena (spec/peers-perf.md §2.4).
   void set_eviction(double oldest_fraction, uint64_t seed = 1);
+  // The victim among occupied unleased slots: the least often leased expert, leases counted
+  // per expert (resident or not) and halved every `aging_ticks` of the use clock; 0 turns it
+  // off (then set_eviction's policy). On routing with skewed expert popularity it keeps the
+  // popular set that recency alone churns (bench/expert_cache_sim on a recorded trace).
+  void set_least_frequent(uint64_t aging_ticks);
+  // Leases taken on (layer, expert) since the last halvings (a hit or a load's first lease).
+  uint32_t uses(uint32_t layer, uint32_t expert) const {
+    return uses_[layer * h_->n_experts + expert].load(std::memory_order_relaxed);
+  }
   // Marks a locked slot as holding (layer, expert), ready, and maps the expert to it.
   void publish(uint32_t slot, uint32_t layer, uint32_t expert, uint64_t tick);
   // Unlocks a locked slot as empty (a failed load).
@@ -144,9 +155,13 @@ class SlotTable {
   SlotEntry* slots_ = nullptr;
   SessionEntry* sessions_ = nullptr;
   SlotLeases* leases_ = nullptr;
+  std::atomic<uint32_t>* uses_ = nullptr;
   double oldest_fraction_ = 0;
+  uint64_t aging_ticks_ = 0, next_aging_ = 0;  // least-frequent eviction (store side)
   uint64_t rng_ = 1;
   std::vector<std::pair<uint64_t, uint32_t>> candidates_;  // (use, slot) scratch of lock_victim
+  // Ages the use counts when the clock has passed next_aging_ (least-frequent eviction).
+  void age_uses();
 };
 
 }  // namespace dsflash::expertstore

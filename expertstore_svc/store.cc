@@ -45,9 +45,10 @@ StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, Stor
   }
   ASSIGN_OR_RETURN(s->table_mem_, ipc::SharedRegion::create("dsflash-slot-table",
                                                             SlotTable::table_bytes(s->cfg_.n_layer, s->cfg_.n_expert, slots)));
-  ASSIGN_OR_RETURN(s->lease_mem_, ipc::SharedRegion::create("dsflash-leases", SlotTable::lease_bytes(slots)));
+  ASSIGN_OR_RETURN(s->lease_mem_, ipc::SharedRegion::create("dsflash-leases", SlotTable::lease_bytes(s->cfg_.n_layer, s->cfg_.n_expert, slots)));
   s->table_ = SlotTable::create(s->table_mem_.data(), s->lease_mem_.data(), s->cfg_.n_layer, s->cfg_.n_expert, slots, slot);
   s->table_.set_eviction(o.evict_oldest_fraction);
+  if (o.evict_least_frequent) s->table_.set_least_frequent(16ull * s->cfg_.n_layer * s->cfg_.n_expert);
   uint64_t max_slice = 0;
   for (uint32_t l = 0; l < s->cfg_.n_layer; ++l) {
     ASSIGN_OR_RETURN(const ExpertSlices sl, s->slices_.at(l, 0));

@@ -49,7 +49,7 @@ void* aligned(std::vector<uint8_t>& m) {
 struct Table {
   explicit Table(uint32_t layers, uint32_t experts, uint32_t slots)
       : mem(SlotTable::table_bytes(layers, experts, slots) + 64),
-        lease_mem(SlotTable::lease_bytes(slots) + 64),
+        lease_mem(SlotTable::lease_bytes(layers, experts, slots) + 64),
         table(SlotTable::create(aligned(mem), aligned(lease_mem), layers, experts, slots, 4096)) {}
   std::vector<uint8_t> mem, lease_mem;
   SlotTable table;
@@ -148,9 +148,54 @@ TEST(SlotTable, RandomVictimAmongTheOldest) {
   EXPECT_TRUE(t.verify_integrity().ok());
 }
 
+// Least-frequent eviction: the victim is the resident expert leased least often (resident or
+// not, a failed acquire does not count), whatever its recency — LRU would take the oldest —
+// and the counts halve once the use clock passes the aging period.
+TEST(SlotTable, LeastFrequentKeepsThePopularExperts) {
+  Table tb(1, 8, 3);
+  SlotTable& t = tb.table;
+  t.set_least_frequent(1000);
+  for (uint32_t e = 0; e < 3; ++e) ASSERT_TRUE(load(t, 0, e, t.next_tick()));
+  auto use = [&](uint32_t e, int n) {
+    for (int i = 0; i < n; ++i) {
+      auto l = t.try_acquire(0, 0, e, t.next_tick());
+      ASSERT_TRUE(l.has_value());
+      t.release(*l);
+    }
+  };
+  use(0, 5);  // popular, but the least recently used of the three
+  use(1, 3);
+  use(2, 1);  // the most recent
+  EXPECT_FALSE(t.try_acquire(0, 0, 7, t.next_tick()).has_value());  // not resident: not counted
+  EXPECT_EQ(t.uses(0, 0), 5u);
+  EXPECT_EQ(t.uses(0, 2), 1u);
+  EXPECT_EQ(t.uses(0, 7), 0u);
+  const uint32_t slot_of_2 = t.resident_slot(0, 2) - 1;
+  bool evicted = false;
+  auto victim = t.lock_victim(&evicted);
+  ASSERT_TRUE(victim.has_value());
+  EXPECT_TRUE(evicted);
+  EXPECT_EQ(*victim, slot_of_2);
+  t.publish(*victim, 0, 7, t.next_tick());
+  EXPECT_TRUE(t.verify_integrity().ok());
+  // The same table under LRU evicts expert 0 (its last use is the oldest).
+  Table lru(1, 8, 3);
+  for (uint32_t e = 0; e < 3; ++e) ASSERT_TRUE(load(lru.table, 0, e, e + 1));
+  uint64_t tick = 10;
+  for (auto [e, n] : {std::pair{0u, 5}, std::pair{1u, 3}, std::pair{2u, 1}}) {
+    for (int i = 0; i < n; ++i) lru.table.release(*lru.table.try_acquire(0, 0, e, ++tick));
+  }
+  EXPECT_EQ(lru.table.lock_victim(), std::optional<uint32_t>(lru.table.resident_slot(0, 0) - 1));
+  // Aging: past the period the next eviction halves every count first.
+  for (int i = 0; i < 1000; ++i) t.next_tick();
+  ASSERT_TRUE(t.lock_victim().has_value());
+  EXPECT_EQ(t.uses(0, 0), 2u);
+  EXPECT_EQ(t.uses(0, 1), 1u);
+}
+
 TEST(SlotTable, AttachChecksTheRegion) {
   Table tb(2, 8, 3);
-  const size_t tbytes = SlotTable::table_bytes(2, 8, 3), lbytes = SlotTable::lease_bytes(3);
+  const size_t tbytes = SlotTable::table_bytes(2, 8, 3), lbytes = SlotTable::lease_bytes(2, 8, 3);
   auto ok = SlotTable::attach(aligned(tb.mem), tbytes, aligned(tb.lease_mem), lbytes);
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->header().n_slots, 3u);
