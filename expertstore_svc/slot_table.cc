@@ -111,6 +111,7 @@ void SlotTable::set_eviction(double oldest_fraction, uint64_t seed) {
 
 void SlotTable::set_least_frequent(uint64_t aging_ticks) {
   aging_ticks_ = aging_ticks;
+  fresh_ticks_ = std::max<uint64_t>(64, aging_ticks / 64);
   next_aging_ = lh_->clock.load(std::memory_order_relaxed) + aging_ticks;
 }
 
@@ -133,10 +134,11 @@ uint64_t SlotTable::next_random() {  // splitmix64
 
 std::optional<uint32_t> SlotTable::lock_victim(bool* evicted) {
   if (aging_ticks_ > 0) age_uses();
+  const uint64_t now = lh_->clock.load(std::memory_order_relaxed);
   for (;;) {
     // Empty slots first, then by the eviction policy among the unleased slots.
-    std::optional<uint32_t> best;
-    uint64_t best_use = UINT64_MAX;
+    std::optional<uint32_t> best, best_fresh;
+    uint64_t best_use = UINT64_MAX, best_fresh_use = UINT64_MAX;
     bool empty = false;
     candidates_.clear();
     for (uint32_t i = 0; i < h_->n_slots; ++i) {
@@ -153,9 +155,14 @@ std::optional<uint32_t> SlotTable::lock_victim(bool* evicted) {
         const int32_t e = s.expert.load(std::memory_order_acquire);
         const uint64_t n = e >= 0 ? std::min<uint32_t>(uses_[e].load(std::memory_order_relaxed), (1u << 24) - 1) : 0;
         const uint64_t key = (n << 40) | std::min<uint64_t>(use, (1ull << 40) - 1);
-        if (key < best_use) {
-          best_use = key;
-          best = i;
+        // A load not yet leased (its client is on the way; a new expert counts nothing yet)
+        // goes only when nothing else can, for a while after it was loaded.
+        const uint64_t loaded = s.loaded_tick.load(std::memory_order_relaxed);
+        const bool fresh = loaded > leases_[i].last_use.load(std::memory_order_relaxed) && now < loaded + fresh_ticks_;
+        uint64_t& b = fresh ? best_fresh_use : best_use;
+        if (key < b) {
+          b = key;
+          (fresh ? best_fresh : best) = i;
         }
         continue;
       }
@@ -165,6 +172,7 @@ std::optional<uint32_t> SlotTable::lock_victim(bool* evicted) {
       }
       if (oldest_fraction_ > 0) candidates_.push_back({use, i});
     }
+    if (!best) best = best_fresh;
     if (!best) return std::nullopt;
     if (!empty && candidates_.size() > 1) {
       const size_t k = std::max<size_t>(1, static_cast<size_t>(std::ceil(oldest_fraction_ * candidates_.size())));

@@ -119,8 +119,11 @@ class SlotTable {
   void set_eviction(double oldest_fraction, uint64_t seed = 1);
   // The victim among occupied unleased slots: the least often leased expert, leases counted
   // per expert (resident or not) and halved every `aging_ticks` of the use clock; 0 turns it
-  // off (then set_eviction's policy). On routing with skewed expert popularity it keeps the
-  // popular set that recency alone churns (bench/expert_cache_sim on a recorded trace).
+  // off (then set_eviction's policy). A slot loaded and not leased since is passed over for
+  // aging_ticks / 64 ticks, at least 64 (unless nothing else can go): a miss's client takes its lease just
+  // after the load, and a new expert has no count yet. On routing with skewed expert
+  // popularity it keeps the popular set that recency alone churns (bench/expert_cache_sim on
+  // a recorded trace).
   void set_least_frequent(uint64_t aging_ticks);
   // Leases taken on (layer, expert) since the last halvings (a hit or a load's first lease).
   uint32_t uses(uint32_t layer, uint32_t expert) const {
@@ -158,6 +161,7 @@ class SlotTable {
   std::atomic<uint32_t>* uses_ = nullptr;
   double oldest_fraction_ = 0;
   uint64_t aging_ticks_ = 0, next_aging_ = 0;  // least-frequent eviction (store side)
+  uint64_t fresh_ticks_ = 0;  // how long a load not yet leased is kept from eviction
   uint64_t rng_ = 1;
   std::vector<std::pair<uint64_t, uint32_t>> candidates_;  // (use, slot) scratch of lock_victim
   // Ages the use counts when the clock has passed next_aging_ (least-frequent eviction).

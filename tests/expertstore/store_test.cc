@@ -279,6 +279,44 @@ TEST(Store, HostTierServesReloadsWithoutDiskReads) {
   EXPECT_TRUE(s.table().verify_integrity().ok());
 }
 
+// Least-frequent eviction (the default) with a layer's misses loaded together: a slot loaded
+// and not yet leased is not the next load's victim although its expert has no use counted
+// (it would be, and its client would find it gone again and again); a popular expert goes
+// instead when nothing else can.
+TEST(Store, LoadsAwaitingTheirLeaseAreNotEvictedFirst) {
+  auto probe = Store::open(golden_model(), StoreOptions{.budget_bytes = 64 << 20});
+  ASSERT_TRUE(probe.ok());
+  const uint64_t slot = (*probe)->slices().slot_bytes();
+  auto store = Store::open(golden_model(), StoreOptions{.budget_bytes = 4 * slot, .reader_threads = 1});
+  ASSERT_TRUE(store.ok()) << store.status();
+  Store& s = **store;
+  ASSERT_TRUE(s.table().header().n_slots == 4);
+  auto use = [&](uint32_t l, uint32_t e, int n) {
+    for (int i = 0; i < n; ++i) {
+      auto lease = s.acquire(Store::kLocalSession, l, e);
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      ASSERT_TRUE(s.release(*lease).ok());
+    }
+  };
+  use(0, 0, 10);  // popular
+  use(0, 1, 10);
+  use(2, 0, 1);
+  use(2, 1, 1);
+  const uint64_t loads0 = s.stats().loads;
+  for (uint32_t e = 0; e < 3; ++e) ASSERT_TRUE(s.prefetch(1, e, true));  // a layer's misses, asked together
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (s.stats().loads < loads0 + 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(s.stats().loads, loads0 + 3);
+  for (uint32_t e = 0; e < 3; ++e) EXPECT_NE(s.table().resident_slot(1, e), 0u) << "expert " << e << " of layer 1";
+  EXPECT_EQ(s.table().resident_slot(2, 0) + s.table().resident_slot(2, 1), 0u);  // the rarely used went
+  EXPECT_EQ((s.table().resident_slot(0, 0) != 0) + (s.table().resident_slot(0, 1) != 0), 1);  // and one popular
+  for (uint32_t e = 0; e < 3; ++e) use(1, e, 1);
+  EXPECT_EQ(s.stats().loads, loads0 + 3);  // each lease found its load
+  EXPECT_TRUE(s.table().verify_integrity().ok());
+}
+
 TEST(Store, SmallArenaGivesIdenticalLogits) {
   const auto& g = testing::Golden::get();
   auto file = gguf::Model::open(golden_model());
