@@ -44,7 +44,7 @@ fi
 # layer (default 32) and routing skew DSF_STREAM_SKEW (mkmodel --routing-skew; default 0.3, 0 =
 # the random router's nearly even picks) on this machine's disk, the store with a device arena
 # at 25 / 50 / 100 % (DSF_STREAM_FRACTIONS), a pinned host tier of DSF_STREAM_HOST x all experts
-# (default 0: none).
+# (default 0: none), the store's eviction DSF_STREAM_EVICTION (default lfu).
 if [[ ${DSF_STREAM_BENCH:-0} == 1 ]]; then
   n_exp=${DSF_STREAM_EXPERTS:-32}
   skew=${DSF_STREAM_SKEW:-0.3}
@@ -58,7 +58,7 @@ if [[ ${DSF_STREAM_BENCH:-0} == 1 ]]; then
   for pf in ${DSF_STREAM_PREFETCH:-on off}; do
     out/gpu/bin/expert_stream_bench --model "$sperf" --store-bin "$DSF_EXPERTSTORE_BIN" --label "perf-e$n_exp-skew$skew" \
       --fractions "${DSF_STREAM_FRACTIONS:-0.25,0.5,1}" --decode "${DSF_STREAM_DECODE:-256}" \
-      --prefetch "$pf" --host-cache "${DSF_STREAM_HOST:-0}" --trace-out "$logs/trace-e$n_exp-s$skew.txt" --csv "$logs/bench.csv" >> "$logs/stream.log" 2>&1 || rc=1
+      --prefetch "$pf" --host-cache "${DSF_STREAM_HOST:-0}" --eviction "${DSF_STREAM_EVICTION:-lfu}" --trace-out "$logs/trace-e$n_exp-s$skew.txt" --csv "$logs/bench.csv" >> "$logs/stream.log" 2>&1 || rc=1
   done
   # Eviction policies on the recorded routing (replayed through the slot table).
   out/gpu/bin/expert_cache_sim --trace "$logs/trace-e$n_exp-s$skew.txt" --csv "$logs/bench.csv" >> "$logs/stream.log" 2>&1 || rc=1
