@@ -203,8 +203,8 @@ int main(int argc, char** argv) {
   auto* health = server->GetHealthCheckService();
   health->SetServingStatus("", true);
   health->SetServingStatus("dsflash.v1.ExpertStore", true);
-  log::info("ready: serving dsflash.v1.ExpertStore on %s (fds on %s); metrics on %s", flags.listen, flags.fd_socket,
-            flags.metrics);
+  log::info("ready: serving dsflash.v1.ExpertStore on %s (fds on %s); metrics %s%s", flags.listen, flags.fd_socket,
+            flags.metrics == "off" ? "" : "on ", flags.metrics);
 
   while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   log::info("signal %d: stopping (%zu session(s) open)", g_signal.load(), (*service)->sessions());
