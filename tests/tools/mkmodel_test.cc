@@ -2,6 +2,9 @@
 // deterministic in its seed, splits into shards, carries a working tokenizer and an Engram
 // token map built from it; the perf preset's plan has the released shape; --routing-skew
 // gives each layer Zipf-like routing biases, and the routing of a forward pass follows them.
+#include <cmath>
+#include <cstring>
+
 #include "common/config/config.h"
 #include "common/gguf/gguf.h"
 #include "common/tokenizer/tokenizer.h"
@@ -103,6 +106,45 @@ TEST(Mkmodel, RoutingSkewBiasesEachLayerTowardsSomeExperts) {
   const double skewed = top_quarter_share(dir.file("skew.gguf")), even = top_quarter_share(dir.file("even.gguf"));
   std::printf("top quarter of experts takes %.3f of picks with skew 0.3, %.3f without\n", skewed, even);
   EXPECT_GT(skewed, even + 0.1);
+}
+
+// Pooled experts: the other tensors are the unpooled model's byte for byte, every routed-expert
+// row beyond the first two experts is a copy of one of theirs, and the model still runs.
+TEST(Mkmodel, PooledExpertsCopyRowsOfTwoExperts) {
+  TempDir dir;
+  SynthOptions o;
+  o.pooled_experts = true;
+  ASSERT_TRUE(write_synthetic_model(o, dir.file("pooled.gguf"), 1).ok());
+  ASSERT_TRUE(write_synthetic_model(SynthOptions{}, dir.file("plain.gguf"), 1).ok());
+  auto p = gguf::Model::open(dir.file("pooled.gguf")), q = gguf::Model::open(dir.file("plain.gguf"));
+  ASSERT_TRUE(p.ok() && q.ok());
+  int expert_tensors = 0;
+  for (const gguf::TensorInfo& t : (*p)->tensors()) {
+    const gguf::TensorInfo* u = (*q)->find_tensor(t.name);
+    ASSERT_NE(u, nullptr);
+    const auto a = (*p)->data(t), b = (*q)->data(*u);
+    ASSERT_TRUE(a.ok() && b.ok());
+    if (t.name.find("_exps.") == std::string::npos) {
+      EXPECT_EQ(std::memcmp(*a, *b, t.n_bytes), 0) << t.name;
+      continue;
+    }
+    ++expert_tensors;
+    const uint64_t rows = t.rows(), pool = 2 * t.ne[1], row_bytes = t.n_bytes / rows;
+    ASSERT_GT(rows, pool);
+    EXPECT_EQ(std::memcmp(*a, *b, pool * row_bytes), 0) << t.name;  // drawn as before
+    for (uint64_t r = pool; r < rows; ++r) {
+      bool found = false;
+      for (uint64_t k = 0; k < pool && !found; ++k) found = std::memcmp(*a + r * row_bytes, *a + k * row_bytes, row_bytes) == 0;
+      ASSERT_TRUE(found) << t.name << " row " << r;
+    }
+  }
+  EXPECT_GT(expert_tensors, 0);
+  auto m = model::Model::load(**p);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto seq = (*m)->new_sequence();
+  std::vector<float> logits;
+  ASSERT_TRUE((*m)->forward(*seq, {3, 4, 5, 6}, false, &logits).ok());
+  for (float v : logits) ASSERT_TRUE(std::isfinite(v));
 }
 
 TEST(Mkmodel, DeterministicInTheSeed) {

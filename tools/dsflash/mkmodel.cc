@@ -29,11 +29,11 @@ void progress_bar(uint64_t done, uint64_t total) {
 }  // namespace
 
 int mkmodel_main(const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {"no-progress"}, {"out", "preset", "seed", "shards", "experts", "threads", "routing-skew"});
+  auto args = Args::parse(argv, {"no-progress", "pooled-experts"}, {"out", "preset", "seed", "shards", "experts", "threads", "routing-skew"});
   if (!args.ok() || !args->has("out") || !args->positional().empty()) {
     std::fprintf(stderr,
                  "usage: dsflash mkmodel --out PATH [--preset tiny|perf] [--seed N] [--shards N] [--experts N] "
-                 "[--threads N] [--routing-skew Z] [--no-progress]\n%s\n",
+                 "[--threads N] [--routing-skew Z] [--pooled-experts] [--no-progress]\n%s\n",
                  args.ok() ? "" : std::string(args.status().message()).c_str());
     return 2;
   }
@@ -59,6 +59,7 @@ int mkmodel_main(const std::vector<std::string>& argv) {
     return 2;
   }
   o.routing_skew = static_cast<float>(skew);
+  o.pooled_experts = args->has("pooled-experts");
   o.seed = static_cast<uint64_t>(*seed);
   o.n_expert = static_cast<uint32_t>(*experts);
   o.threads = static_cast<uint32_t>(*threads);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -116,12 +117,15 @@ struct Init {
   float std;
 };
 
+// pool_rows > 0: only the first pool_rows rows are drawn and encoded; every later row is a copy
+// of one of them picked by a hash of its index (fast to write, the same magnitudes).
 gguf::Writer::Fill make_fill(uint64_t seed, const std::string& name, std::vector<uint64_t> ne, GgmlType type, Init init,
-                             uint32_t threads) {
+                             uint32_t threads, uint64_t pool_rows = 0) {
   return [=](uint8_t* dst, uint64_t) -> Status {
     const uint64_t ne0 = ne[0];
-    uint64_t rows = 1;
-    for (size_t i = 1; i < ne.size(); ++i) rows *= ne[i];
+    uint64_t all_rows = 1;
+    for (size_t i = 1; i < ne.size(); ++i) all_rows *= ne[i];
+    const uint64_t rows = pool_rows > 0 ? std::min(pool_rows, all_rows) : all_rows;  // rows drawn
     const uint64_t row_bytes = *quant::row_bytes(type, ne0);
     constexpr uint64_t kRowsPerBlock = 16;
     const uint64_t n_blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -148,6 +152,17 @@ gguf::Writer::Fill make_fill(uint64_t seed, const std::string& name, std::vector
     st[0] = work(0, n);
     for (auto& th : pool) th.join();
     for (const Status& s : st) RETURN_IF_ERROR(s);
+    if (rows == all_rows) return absl::OkStatus();
+    pool.clear();
+    auto copy = [&](uint64_t first, uint64_t step) {
+      for (uint64_t r = rows + first; r < all_rows; r += step) {
+        uint64_t s = base ^ (r * 0xd1b54a32d192ed03ull);
+        std::memcpy(dst + r * row_bytes, dst + (splitmix(s) % rows) * row_bytes, row_bytes);
+      }
+    };
+    for (uint32_t t = 1; t < n; ++t) pool.emplace_back([&, t] { copy(t, n); });
+    copy(0, n);
+    for (auto& th : pool) th.join();
     return absl::OkStatus();
   };
 }
@@ -156,10 +171,10 @@ class Builder {
  public:
   Builder(gguf::Writer& w, const SynthOptions& o, uint32_t threads) : w_(w), o_(o), threads_(threads) {}
   // A weight matrix with fan-in ne[0]: std 1/sqrt(fan_in) keeps activations O(1).
-  void matrix(const std::string& name, std::vector<uint64_t> ne, GgmlType t, float gain = 1.0f) {
+  void matrix(const std::string& name, std::vector<uint64_t> ne, GgmlType t, float gain = 1.0f, uint64_t pool_rows = 0) {
     const uint64_t fan_in = ne[0];  // read before ne is moved (argument order is unspecified)
     const float std = gain / std::sqrt(static_cast<float>(fan_in));
-    add(name, std::move(ne), fit(t, fan_in), Init{0.0f, std});
+    add(name, std::move(ne), fit(t, fan_in), Init{0.0f, std}, pool_rows);
   }
   void vec(const std::string& name, std::vector<uint64_t> ne, Init init, GgmlType t = GgmlType::kF32) {
     add(name, std::move(ne), t, init);
@@ -176,9 +191,9 @@ class Builder {
   Status status() const { return status_; }
 
  private:
-  void add(const std::string& name, std::vector<uint64_t> ne, GgmlType t, Init init) {
+  void add(const std::string& name, std::vector<uint64_t> ne, GgmlType t, Init init, uint64_t pool_rows = 0) {
     if (!status_.ok()) return;
-    status_ = w_.add_tensor(name, ne, t, make_fill(o_.seed, name, ne, t, init, threads_));
+    status_ = w_.add_tensor(name, ne, t, make_fill(o_.seed, name, ne, t, init, threads_, pool_rows));
   }
   gguf::Writer& w_;
   const SynthOptions& o_;
@@ -344,9 +359,11 @@ void add_layer(Builder& b, const Dims& d, const config::LayerConfig& L) {
   } else {
     b.vec(n("exp_probs_b.bias"), {d.E}, {0.0f, 0.01f});
   }
-  b.matrix(n("ffn_gate_exps.weight"), {D, d.F, d.E}, d.t_gate_up);
-  b.matrix(n("ffn_up_exps.weight"), {D, d.F, d.E}, d.t_gate_up);
-  b.matrix(n("ffn_down_exps.weight"), {d.F, D, d.E}, d.t_down);
+  // Pooled experts: rows drawn for two experts, the rest copies (SynthOptions::pooled_experts).
+  const uint64_t pool_f = b.options().pooled_experts ? 2 * d.F : 0, pool_d = b.options().pooled_experts ? 2 * D : 0;
+  b.matrix(n("ffn_gate_exps.weight"), {D, d.F, d.E}, d.t_gate_up, 1.0f, pool_f);
+  b.matrix(n("ffn_up_exps.weight"), {D, d.F, d.E}, d.t_gate_up, 1.0f, pool_f);
+  b.matrix(n("ffn_down_exps.weight"), {d.F, D, d.E}, d.t_down, 1.0f, pool_d);
   b.matrix(n("ffn_gate_shexp.weight"), {D, d.F}, d.t_shexp);
   b.matrix(n("ffn_up_shexp.weight"), {D, d.F}, d.t_shexp);
   b.matrix(n("ffn_down_shexp.weight"), {d.F, D}, d.t_shexp);

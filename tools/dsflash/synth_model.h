@@ -25,6 +25,10 @@ struct SynthOptions {
   // over a random order of its experts (a Zipf-like preference, as trained routers show);
   // 0: a small random bias (nearly even popularity).
   float routing_skew = 0;
+  // Routed experts written fast: each expert tensor draws and encodes the rows of two experts
+  // and fills the rest with copies of them picked by row (same magnitudes, the same bytes per
+  // expert to stream; an order of magnitude faster for the perf preset). For benchmarks.
+  bool pooled_experts = false;
   uint32_t threads = 0;          // 0: hardware concurrency
 };
 
