@@ -68,14 +68,14 @@ StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, Stor
   for (uint32_t i = 1; i < kSessions; ++i) s->free_sessions_.push_back(i);
   s->stats_.slots = slots;
   for (int i = 0; i < readers; ++i) s->readers_.emplace_back([p = s.get()] { p->reader_loop(); });
+  const std::string eviction = o.evict_least_frequent        ? "least-frequent (aged)"
+                               : o.evict_oldest_fraction > 0 ? absl::StrCat("random among the oldest ", o.evict_oldest_fraction)
+                                                             : "least-recent";
   log::info("expert store: %u slots of %.2f MiB (%.1f MiB %s arena) for %u layers x %u experts; staging %zu x %.2f MiB%s; "
             "%d %s readers; eviction %s",
             slots, slot / 1048576.0, slot * slots / 1048576.0, s->arena_->mechanism().c_str(), s->cfg_.n_layer,
             s->cfg_.n_expert, n_buf, s->ring_->buffer_bytes() / 1048576.0, o.pin_staging ? " page-locked" : "", readers,
-            s->reader_->direct() ? "O_DIRECT" : "buffered",
-            o.evict_least_frequent ? "least-frequent (aged)"
-                                   : (o.evict_oldest_fraction > 0 ? absl::StrCat("random among the oldest ", o.evict_oldest_fraction).c_str()
-                                                                  : "least-recent"));
+            s->reader_->direct() ? "O_DIRECT" : "buffered", eviction);
   return s;
 }
 

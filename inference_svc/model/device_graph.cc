@@ -120,15 +120,15 @@ Status DeviceModel::graph_step(Sequence& seq, int32_t token, std::vector<float>*
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> eids, engram_ids(seq, pos, 1));
   if (engram_host_) {  // the step's rows staged for the replay; the ids number them
-    prefetch_engram_rows(eids, 1);
+    const std::vector<int64_t> table_ids = begin_engram_staging(eids, 1);
     const size_t n_engram = cfg_.engram.layer_ids.size();
     ASSIGN_OR_RETURN(uint8_t* stage, engram_stage(ds, engram_stage_offset(n_engram, 1)));
     const int64_t cols = cfg_.engram.cols();
     for (size_t e = 0; e < n_engram; ++e) {
       const uint64_t off = engram_stage_offset(e, 1);
-      RETURN_IF_ERROR(stage_engram_rows(ds.ctx, e, eids.data() + e * cols, 1, stage + off, g.engram_rows.get() + off));
+      RETURN_IF_ERROR(
+          stage_engram_rows(ds.ctx, e, table_ids.data() + e * cols, 1, stage + off, g.engram_rows.get() + off));
     }
-    for (size_t i = 0; i < eids.size(); ++i) eids[i] = static_cast<int64_t>(i) % cols;
   }
   std::copy(eids.begin(), eids.end(), v + StepSlots::kEngram);
   RETURN_IF_ERROR(kernels::copy(ds.ctx, Copy::kHostToDevice, g.step.get(), v,

@@ -253,15 +253,12 @@ Status DeviceModel::eager(Sequence& seq, const std::vector<int32_t>& tokens, boo
   std::vector<int64_t> table_ids;
   DevBuf<uint8_t> rows_d;
   if (engram_host_) {  // the ids number the staged rows; engram() stages them layer by layer
-    prefetch_engram_rows(eids, S);
+    table_ids = begin_engram_staging(eids, S);
+    call.engram_host_ids = table_ids.data();
     const uint64_t bytes = engram_stage_offset(cfg_.engram.layer_ids.size(), S);
     ASSIGN_OR_RETURN(call.engram_stage, engram_stage(ds, bytes));
     ASSIGN_OR_RETURN(rows_d, DevBuf<uint8_t>::make(ctx, static_cast<int64_t>(bytes)));
     call.engram_rows = rows_d.get();
-    table_ids = eids;
-    call.engram_host_ids = table_ids.data();
-    const int64_t per_layer = S * cfg_.engram.cols();
-    for (size_t i = 0; i < eids.size(); ++i) eids[i] = static_cast<int64_t>(i) % per_layer;
   }
   ASSIGN_OR_RETURN(auto eids_d, DevBuf<int64_t>::make(ctx, static_cast<int64_t>(eids.size())));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, eids_d.get(), eids.data(), eids.size() * sizeof(int64_t)));
@@ -418,11 +415,14 @@ StatusOr<uint8_t*> DeviceModel::engram_stage(DeviceSequence& ds, uint64_t bytes)
   return ds.engram_stage;
 }
 
-void DeviceModel::prefetch_engram_rows(const std::vector<int64_t>& ids, int64_t S) const {
+std::vector<int64_t> DeviceModel::begin_engram_staging(std::vector<int64_t>& ids, int64_t S) const {
   const int64_t per_layer = S * cfg_.engram.cols();
   for (size_t e = 0; e < cfg_.engram.layer_ids.size(); ++e) {
     prefetch_rows(layers_[cfg_.engram.layer_ids[e]].engram_embd, ids.data() + e * per_layer, per_layer);
   }
+  std::vector<int64_t> table_ids = ids;
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) % per_layer;
+  return table_ids;
 }
 
 Status DeviceModel::stage_engram_rows(const ExecCtx& ctx, size_t e, const int64_t* ids, int64_t S, uint8_t* stage,

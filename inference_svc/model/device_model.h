@@ -182,8 +182,10 @@ class DeviceModel {
   // The sequence's pinned staging buffer for `bytes` of rows (grown as needed; the sequence's
   // previous call has completed).
   StatusOr<uint8_t*> engram_stage(DeviceSequence& ds, uint64_t bytes) const;
-  // Starts the page-ins of every Engram layer's rows `ids` ([engram layer][S][cols]).
-  void prefetch_engram_rows(const std::vector<int64_t>& ids, int64_t S) const;
+  // Starts the page-ins of every Engram layer's rows `ids` ([engram layer][S][cols]) and
+  // renumbers them as rows of the call's staged rows (0..S*cols-1 per layer); returns the
+  // table rows they were.
+  std::vector<int64_t> begin_engram_staging(std::vector<int64_t>& ids, int64_t S) const;
   // Copies Engram layer e's rows of `ids` to its place in `stage` and from there to `dev`.
   Status stage_engram_rows(const kernels::ExecCtx& ctx, size_t e, const int64_t* ids, int64_t S, uint8_t* stage,
                            uint8_t* dev) const;

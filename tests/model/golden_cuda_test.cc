@@ -272,7 +272,9 @@ TEST_F(GoldenCuda, EngramTablesOnTheHostMatchDeviceTablesBitForBit) {
       for (size_t i = 0; i < ref.size(); ++i) differ += std::memcmp(&got[i], &ref[i], sizeof(float)) != 0;
       EXPECT_EQ(differ, 0) << "of " << ref.size() << " logits, graphs " << graphs;
       // The golden file's experts have no decode GEMVs (no graphs); the synthetic one replays.
-      if (graphs && file == synth_) EXPECT_EQ((*host)->decode_graph_replays() - replays0, 24);
+      if (graphs && file == synth_) {
+        EXPECT_EQ((*host)->decode_graph_replays() - replays0, 24);
+      }
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -117,6 +118,14 @@ struct Init {
   float std;
 };
 
+// Runs f(0) .. f(n - 1) on n threads (f(0) on this one).
+void on_threads(uint32_t n, const std::function<void(uint32_t)>& f) {
+  std::vector<std::thread> pool;
+  for (uint32_t t = 1; t < n; ++t) pool.emplace_back([&f, t] { f(t); });
+  f(0);
+  for (auto& th : pool) th.join();
+}
+
 // pool_rows > 0: only the first pool_rows rows are drawn and encoded; every later row is a copy
 // of one of them picked by a hash of its index (fast to write, the same magnitudes).
 gguf::Writer::Fill make_fill(uint64_t seed, const std::string& name, std::vector<uint64_t> ne, GgmlType type, Init init,
@@ -147,22 +156,15 @@ gguf::Writer::Fill make_fill(uint64_t seed, const std::string& name, std::vector
     };
     const uint32_t n = std::max<uint32_t>(1, std::min<uint64_t>(threads, n_blocks));
     std::vector<Status> st(n);
-    std::vector<std::thread> pool;
-    for (uint32_t t = 1; t < n; ++t) pool.emplace_back([&, t] { st[t] = work(t, n); });
-    st[0] = work(0, n);
-    for (auto& th : pool) th.join();
+    on_threads(n, [&](uint32_t t) { st[t] = work(t, n); });
     for (const Status& s : st) RETURN_IF_ERROR(s);
     if (rows == all_rows) return absl::OkStatus();
-    pool.clear();
-    auto copy = [&](uint64_t first, uint64_t step) {
-      for (uint64_t r = rows + first; r < all_rows; r += step) {
+    on_threads(n, [&](uint32_t t) {  // the rows not drawn: copies of drawn ones
+      for (uint64_t r = rows + t; r < all_rows; r += n) {
         uint64_t s = base ^ (r * 0xd1b54a32d192ed03ull);
         std::memcpy(dst + r * row_bytes, dst + (splitmix(s) % rows) * row_bytes, row_bytes);
       }
-    };
-    for (uint32_t t = 1; t < n; ++t) pool.emplace_back([&, t] { copy(t, n); });
-    copy(0, n);
-    for (auto& th : pool) th.join();
+    });
     return absl::OkStatus();
   };
 }
