@@ -73,6 +73,7 @@ class Recorder final : public model::ExpertSource {
   }
   kernels::Backend memory() const override { return c_->memory(); }
   size_t lease_budget() const override { return c_->lease_budget(); }
+  const uint8_t* arena_base() const override { return c_->arena_base(); }
   expertclient::ExpertClient& client() { return *c_; }
   void next_token(int n_layer) {
     if (picks.empty()) picks.resize(static_cast<size_t>(n_layer));
@@ -268,6 +269,7 @@ Status run_bench(const tools::Args& a) {
          {"blocked_on_experts_per_token", rec->blocked_s * 1e3 / n, "ms"},
          {"decode_tokens_per_s", tps, "tok/s"},
          {"decode_step_ms_median", tools::median(ms), "ms"},
+         {"decode_graph_replays", static_cast<double>(m->decode_graph_replays()), "steps (graph segment chains)"},
          {"resident_decode_tokens_per_s", resident_tps, "tok/s"},
          {"resident_decode_step_ms_median", resident_median_ms, "ms"},
          {"host_tier_hits_per_token", static_cast<double>(st.host_tier_hits() - tier0) / n, "experts"},

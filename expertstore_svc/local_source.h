@@ -16,6 +16,7 @@ class LocalStoreSource final : public model::ExpertSource {
   explicit LocalStoreSource(Store& store) : store_(store) {}
   StatusOr<model::ExpertWeights> acquire(int layer, int expert) override;
   void release(int layer, int expert) override;
+  const uint8_t* arena_base() const override { return nullptr; }  // hands out views, not slots
   size_t held() const;
 
  private:

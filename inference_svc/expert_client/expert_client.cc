@@ -240,6 +240,12 @@ model::ExpertWeights ExpertClient::view(const Session& s, int layer, uint32_t sl
   return model::ExpertWeights{w(L.gate()), w(L.up()), w(L.down()), slot, arena, s.info.slot_bytes()};
 }
 
+const uint8_t* ExpertClient::arena_base() const {
+  std::shared_ptr<Session> s = current();
+  if (!s) return nullptr;
+  return s->device_arena ? s->device_arena->data() : s->arena.data();
+}
+
 size_t ExpertClient::lease_budget() const {
   std::shared_ptr<Session> s = current();
   return s ? std::max<size_t>(1, s->info.n_slots()) : SIZE_MAX;

@@ -68,6 +68,7 @@ class ExpertClient final : public model::ExpertSource {
     return options_.device_arena ? kernels::Backend::kCuda : kernels::Backend::kCpu;
   }
   size_t lease_budget() const override;
+  const uint8_t* arena_base() const override;
 
   size_t held() const;
   // Whether (layer, expert) is resident in the store's arena now (no lease taken).

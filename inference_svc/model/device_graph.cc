@@ -8,9 +8,14 @@
 // sparse attention skips exactly). The caches are reserved for the capacity first, so no
 // captured address moves; a sequence that outgrows it (or whose caches moved in an eager call)
 // captures again at twice the capacity.
+//
+// With streamed experts the step is a chain of segments, split where each MoE layer's routing
+// reaches the host (segmented_step): the buffers that live across a split are graph
+// allocations of an earlier segment, read and freed by later ones (stream-ordered after it).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "inference_svc/model/device_model.h"
 
 namespace dsflash::model {
@@ -22,8 +27,19 @@ void DecodeGraphs::drop() {
     kernels::graph_destroy(g);
     g = nullptr;
   }
+  drop_segments();
   for (auto& a : appends) a.clear();
   cap = 0;
+}
+
+void DecodeGraphs::drop_segments() {
+  for (int p : {0, 1}) {
+    if (segments[p].empty()) continue;
+    for (void* g : segments[p]) kernels::graph_destroy(g);
+    segments[p].clear();
+    split_layer[p].clear();
+    appends[p].clear();
+  }
 }
 
 void DecodeGraphs::release() {
@@ -33,10 +49,25 @@ void DecodeGraphs::release() {
   engram_rows = DevBuf<uint8_t>();
   kernels::host_free_pinned(step_host);
   step_host = nullptr;
+  kernels::host_free_pinned(routing_host);
+  kernels::host_free_pinned(slots_host);
+  routing_host = slots_host = nullptr;
 }
 
 bool DeviceModel::graph_eligible(const Sequence& seq, int64_t S) const {
-  return S == 1 && seq.n_past > 0 && graphs_ && !profile_ && routed_decode_;
+  return S == 1 && seq.n_past > 0 && graphs_ && !profile_ && (routed_decode_ || segments_possible());
+}
+
+bool DeviceModel::segments_possible() const {
+  if (streamed_ == nullptr || prefetch_next_ || !segments_ok_) return false;
+  const uint8_t* arena = streamed_->arena_base();
+  std::lock_guard<std::mutex> lock(slot_mu_);
+  if (arena == nullptr || arena != slot_arena_) {  // a new arena (the store came back): record again
+    slot_layout_known_.assign(slot_layout_known_.size(), false);
+    return false;
+  }
+  return !slot_layout_known_.empty() &&
+         std::all_of(slot_layout_known_.begin(), slot_layout_known_.end(), [](bool b) { return b; });
 }
 
 namespace {
@@ -60,6 +91,13 @@ Status DeviceModel::prepare_graphs(DeviceSequence& ds, int64_t pos) const {
     }
     ASSIGN_OR_RETURN(void* pinned, kernels::host_alloc_pinned(static_cast<size_t>(slots) * sizeof(int64_t)));
     g.step_host = static_cast<int64_t*>(pinned);
+    if (streamed_ != nullptr) {
+      const size_t n = size_t{cfg_.n_layer} * cfg_.n_expert_used * sizeof(int32_t);
+      ASSIGN_OR_RETURN(void* routing, kernels::host_alloc_pinned(n));
+      g.routing_host = static_cast<int32_t*>(routing);
+      ASSIGN_OR_RETURN(void* slots_h, kernels::host_alloc_pinned(n));
+      g.slots_host = static_cast<int32_t*>(slots_h);
+    }
   }
   if (pos < g.cap && reallocs_of(ds) == g.reallocs) return absl::OkStatus();
   g.drop();
@@ -77,9 +115,11 @@ Status DeviceModel::prepare_graphs(DeviceSequence& ds, int64_t pos) const {
   return absl::OkStatus();
 }
 
-// Records the decode step of the current position's parity (nothing runs).
+// Records the decode step of the current position's parity (nothing runs); with streamed
+// experts as a chain of segments split at each MoE layer's routing (moe()).
 Status DeviceModel::capture(DeviceSequence& ds, Sequence& seq, int parity) const {
   DecodeGraphs& g = ds.graphs;
+  const bool segmented = streamed_ != nullptr;
   RETURN_IF_ERROR(kernels::capture_begin(ds.ctx));
   Status s = [&]() -> Status {
     Call call(ds.ctx, ds);  // its scratch is released inside the capture
@@ -91,6 +131,10 @@ Status DeviceModel::capture(DeviceSequence& ds, Sequence& seq, int parity) const
     call.engram_ids = g.step.get() + StepSlots::kEngram;
     call.engram_rows = g.engram_rows.get();  // Engram tables on the host: staged before each replay
     call.appends = &g.appends[parity];
+    if (segmented) {
+      call.segmenting = &g;
+      call.parity = parity;
+    }
     return pass(call, g.step.get() + StepSlots::kToken, false, g.logits.get());
   }();
   StatusOr<void*> exec = kernels::capture_end(ds.ctx);
@@ -98,9 +142,16 @@ Status DeviceModel::capture(DeviceSequence& ds, Sequence& seq, int parity) const
   if (!s.ok()) {
     if (exec.ok()) kernels::graph_destroy(*exec);
     g.appends[parity].clear();
+    for (void* seg : g.segments[parity]) kernels::graph_destroy(seg);
+    g.segments[parity].clear();
+    g.split_layer[parity].clear();
     return absl::InternalError(absl::StrCat("capturing the decode step as a CUDA graph: ", s.message()));
   }
-  g.exec[parity] = *exec;
+  if (segmented) {
+    g.segments[parity].push_back(*exec);
+  } else {
+    g.exec[parity] = *exec;
+  }
   return absl::OkStatus();
 }
 
@@ -134,6 +185,7 @@ Status DeviceModel::graph_step(Sequence& seq, int32_t token, std::vector<float>*
   RETURN_IF_ERROR(kernels::copy(ds.ctx, Copy::kHostToDevice, g.step.get(), v,
                                 (StepSlots::kEngram + eids.size()) * sizeof(int64_t)));
   const int parity = static_cast<int>(pos % 2);
+  if (streamed_ != nullptr) return segmented_step(seq, token, parity, logits);
   if (g.exec[parity] == nullptr) RETURN_IF_ERROR(capture(ds, seq, parity));
   RETURN_IF_ERROR(kernels::graph_launch(ds.ctx, g.exec[parity]));
   ++replays_;
@@ -142,6 +194,55 @@ Status DeviceModel::graph_step(Sequence& seq, int32_t token, std::vector<float>*
       kernels::copy(ds.ctx, Copy::kDeviceToHost, logits->data(), g.logits.get(), output_.rows * sizeof(float)));
   RETURN_IF_ERROR(kernels::stream_sync(ds.ctx));
   for (const auto& [rows, n] : g.appends[parity]) rows->rows += n;  // the rows the replay appended
+  return absl::OkStatus();
+}
+
+// A streamed decode step: segment i runs up to MoE layer split_layer[i]'s routing; the host
+// waits for it, gives back the previous layer's leases (their kernels have run), acquires the
+// layer's experts and writes their slots where segment i + 1 reads them. A capture that fails
+// turns segments off for the model and the step runs eagerly.
+Status DeviceModel::segmented_step(Sequence& seq, int32_t token, int parity, std::vector<float>* logits) const {
+  DeviceSequence& ds = *seq.device;
+  DecodeGraphs& g = ds.graphs;
+  {
+    std::lock_guard<std::mutex> lock(slot_mu_);
+    if (g.segments_arena != slot_arena_) {  // captured on an arena that has gone
+      g.drop_segments();
+      g.segments_arena = slot_arena_;
+    }
+  }
+  if (g.segments[parity].empty()) {
+    const Status captured = capture(ds, seq, parity);
+    if (!captured.ok()) {
+      segments_ok_ = false;
+      log::warn("streamed decode runs op by op from now on: %s", std::string(captured.message()).c_str());
+      return eager(seq, {token}, false, logits);
+    }
+  }
+  const std::vector<void*>& segs = g.segments[parity];
+  const int64_t K = cfg_.n_expert_used;
+  Call call(ds.ctx, ds);  // holds the step's leases; gives them back on any exit
+  call.source = streamed_;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    RETURN_IF_ERROR(kernels::graph_launch(ds.ctx, segs[i]));
+    if (i + 1 == segs.size()) break;
+    RETURN_IF_ERROR(kernels::stream_sync(ds.ctx));
+    const int l = g.split_layer[parity][i];
+    const Status s = acquire_routed_slots(l, call, g.routing_host + l * K, g.slots_host + l * K);
+    if (!s.ok()) {
+      // The chain stops here and its graphs go; the scratch the segments that ran allocated
+      // for the later ones to free stays allocated (a store that died mid-step: rare).
+      g.drop();
+      return s;
+    }
+  }
+  ++replays_;
+  logits->assign(static_cast<size_t>(output_.rows), 0.0f);
+  RETURN_IF_ERROR(
+      kernels::copy(ds.ctx, Copy::kDeviceToHost, logits->data(), g.logits.get(), output_.rows * sizeof(float)));
+  RETURN_IF_ERROR(kernels::stream_sync(ds.ctx));
+  call.release_leases();
+  for (const auto& [rows, n] : g.appends[parity]) rows->rows += n;
   return absl::OkStatus();
 }
 

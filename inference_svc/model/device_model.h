@@ -103,6 +103,7 @@ struct StepSlots {
 struct DecodeGraphs {
   ~DecodeGraphs() { release(); }
   void drop();     // destroys the graphs (the next step captures again)
+  void drop_segments();  // destroys the streamed segment chains only
   void release();  // drop() and frees the buffers (before the sequence's stream goes)
   void* exec[2] = {nullptr, nullptr};
   int64_t cap = 0;       // positions < cap replay; 0: none captured
@@ -111,6 +112,15 @@ struct DecodeGraphs {
   int64_t* step_host = nullptr;  // pinned mirror
   DevBuf<float> logits;  // [n_vocab]: the replay's output
   DevBuf<uint8_t> engram_rows;  // Engram tables on the host: the step's rows, staged before each replay
+  // Streamed experts (device_graph.cc): a parity's step is a chain of segments, each but the
+  // last ending with MoE layer split_layer[i]'s routing copied to routing_host; the host
+  // acquires that layer's experts and writes their arena slots to slots_host before it
+  // launches the next segment, whose first op copies them to the device.
+  std::vector<void*> segments[2];
+  std::vector<int> split_layer[2];
+  int32_t* routing_host = nullptr;  // pinned [n_layer][n_expert_used]
+  int32_t* slots_host = nullptr;    // pinned [n_layer][n_expert_used]
+  const uint8_t* segments_arena = nullptr;  // the arena the segments read
   std::vector<std::pair<DevRows*, int64_t>> appends[2];  // rows each graph appends per replay
 };
 
@@ -173,6 +183,14 @@ class DeviceModel {
   Status graph_step(Sequence& seq, int32_t token, std::vector<float>* logits) const;
   Status capture(DeviceSequence& ds, Sequence& seq, int parity) const;
   Status prepare_graphs(DeviceSequence& ds, int64_t pos) const;
+  // A streamed decode step from its segments (captured first if needed; device_graph.cc).
+  Status segmented_step(Sequence& seq, int32_t token, int parity, std::vector<float>* logits) const;
+  // Replay of a segmented step: layer l's routed experts (K ids) acquired by the call, their
+  // arena slots written to `slots`; UNAVAILABLE if they are not slots of the captured layout.
+  Status acquire_routed_slots(int l, Call& call, const int32_t* experts, int32_t* slots) const;
+  // Streamed decode can run from segments: no next-layer prediction, and every layer's slot
+  // layout seen (an eager decode step records them).
+  bool segments_possible() const;
   // Engram row ids of every Engram layer for the call's tokens ([engram layer][S][cols]),
   // hashed on the host from the compressed ids and checked against the tables.
   StatusOr<std::vector<int64_t>> engram_ids(const Sequence& seq, int64_t pos0, int64_t S) const;
@@ -228,6 +246,13 @@ class DeviceModel {
   bool routed_decode_ = false;  // every layer's routed experts have device-routed GEMVs
   ExpertSource* streamed_ = nullptr;  // the routed experts' source when they are not resident
   bool prefetch_next_ = false;
+  // Streamed experts: each layer's arena slot layout (ExpertTable without ids), recorded by the
+  // eager decode path, for segmented graphs; off for good after a failed capture.
+  mutable std::mutex slot_mu_;
+  mutable std::vector<ExpertTable> slot_layout_;
+  mutable std::vector<bool> slot_layout_known_;
+  mutable const uint8_t* slot_arena_ = nullptr;  // the arena the layouts point into
+  mutable std::atomic<bool> segments_ok_{true};
   bool engram_host_ = false;  // Engram tables on the host: Layer::engram_embd views the mapped file
   std::atomic<bool> graphs_{true};
   mutable std::atomic<int64_t> replays_{0};
@@ -271,6 +296,9 @@ struct DeviceModel::Call {
   const int64_t* step = nullptr;
   int64_t cap = 0;
   std::vector<std::pair<DevRows*, int64_t>>* appends = nullptr;  // a capture: the rows it appends
+  // A streamed decode step being captured: moe() ends the segment at each routing copy.
+  DecodeGraphs* segmenting = nullptr;
+  int parity = 0;
   kernels::DevScalar pos() const { return {pos0, slot(StepSlots::kPos)}; }
   kernels::DevScalar group_start(int r) const { return {(pos0 / r) * r, slot(StepSlots::group_start(r))}; }
   // The cache row of the first latent this call completes (rows = the cache's rows before it).

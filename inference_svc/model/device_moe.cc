@@ -66,6 +66,26 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
                                            experts.get(), weights.get()));
   const bool x_aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  if (call.segmenting != nullptr) {
+    // A streamed decode step being captured: the segment ends with the routing copied to the
+    // host; the next starts by copying the slots the host acquired (device_graph.cc).
+    DecodeGraphs& g = *call.segmenting;
+    ExpertTable t;
+    {
+      std::lock_guard<std::mutex> lock(slot_mu_);
+      t = slot_layout_[l];
+    }
+    if (!x_aligned) return absl::InternalError("a streamed decode step's MoE input is not 16-byte aligned");
+    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, g.routing_host + l * K, experts.get(), K * sizeof(int32_t)));
+    ASSIGN_OR_RETURN(void* segment, kernels::capture_end(ctx));
+    g.segments[call.parity].push_back(segment);
+    g.split_layer[call.parity].push_back(l);
+    RETURN_IF_ERROR(kernels::capture_begin(ctx));
+    ASSIGN_OR_RETURN(auto slots_d, DevBuf<int32_t>::make(ctx, K));
+    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, slots_d.get(), g.slots_host + l * K, K * sizeof(int32_t)));
+    t.ids = slots_d.get();
+    return decode_experts(l, call, x, t, experts.get(), weights.get(), y);
+  }
   if (S == 1 && w.routed_on_device && x_aligned) {
     return decode_experts(l, call, x, resident_table(w, experts.get()), experts.get(), weights.get(), y);
   }
@@ -101,10 +121,50 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   if (!x_aligned || !as_slots(ew, &t.base, &slots)) return grouped_experts(l, call, x, e_h, w_h, held, y);
   t.gate_stride = t.up_stride = t.down_stride = static_cast<int64_t>(ew[0].slot_stride);
   if (!experts_have_decode_gemvs(t)) return grouped_experts(l, call, x, e_h, w_h, held, y);
+  {  // the layer's slot layout, for decode steps captured as segments
+    std::lock_guard<std::mutex> lock(slot_mu_);
+    slot_layout_.resize(cfg_.n_layer);
+    slot_layout_known_.resize(cfg_.n_layer, false);
+    if (slot_arena_ != ew[0].arena) slot_layout_known_.assign(cfg_.n_layer, false);
+    slot_arena_ = ew[0].arena;
+    slot_layout_[l] = t;
+    slot_layout_known_[l] = true;
+  }
   ASSIGN_OR_RETURN(auto slots_d, DevBuf<int32_t>::make(ctx, K));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, slots_d.get(), slots.data(), K * sizeof(int32_t)));
   t.ids = slots_d.get();
   return decode_experts(l, call, x, t, experts.get(), weights.get(), y);
+}
+
+Status DeviceModel::acquire_routed_slots(int l, Call& call, const int32_t* experts, int32_t* slots) const {
+  const int64_t E = cfg_.n_expert, K = cfg_.n_expert_used;
+  const std::vector<int32_t> e_h(experts, experts + K);
+  for (int32_t e : e_h) {
+    if (e < 0 || e >= E) return absl::InternalError(absl::StrCat("layer ", l, " routed to expert ", e, " of ", E));
+  }
+  // The stream has run past the previous layer's expert kernels.
+  call.release_leases();
+  streamed_->prefetch(l, distinct(e_h));
+  std::vector<ExpertWeights> ew;
+  for (int32_t e : e_h) {
+    ASSIGN_OR_RETURN(ExpertWeights got, acquire_expert(l, e, call));
+    ew.push_back(got);
+  }
+  ExpertTable t;
+  std::vector<int32_t> s;
+  ExpertTable captured;
+  {
+    std::lock_guard<std::mutex> lock(slot_mu_);
+    captured = slot_layout_[l];
+  }
+  if (!as_slots(ew, &t.base, &s) || t.base.gate.data != captured.base.gate.data ||
+      t.base.up.data != captured.base.up.data || t.base.down.data != captured.base.down.data ||
+      static_cast<int64_t>(ew[0].slot_stride) != captured.gate_stride) {
+    return absl::UnavailableError(absl::StrCat("layer ", l, "'s experts are no longer where the captured decode step "
+                                               "reads them (the expert store's arena changed); the step stops"));
+  }
+  std::copy(s.begin(), s.end(), slots);
+  return absl::OkStatus();
 }
 
 // Layer l+1's router on layer l's MoE input (the hidden state changes little across one layer):

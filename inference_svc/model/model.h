@@ -55,6 +55,10 @@ class ExpertSource {
   // How many leases one forward may hold at once (the arena's slots): a forward that needs
   // more experts than this waits for its kernels and releases before acquiring further.
   virtual size_t lease_budget() const { return SIZE_MAX; }
+  // The first byte of the arena acquire() hands out slots of now (ExpertWeights::arena), or
+  // null where the source has no arena of slots; it changes when a remote source reconnects to
+  // a new arena. Pure, so a wrapping source must forward it (streamed graph segments need it).
+  virtual const uint8_t* arena_base() const = 0;
 };
 
 // Reads expert slices straight from the (mapped) merged 3-D GGUF tensors.
@@ -63,6 +67,7 @@ class GgufExpertSource : public ExpertSource {
   static StatusOr<std::unique_ptr<GgufExpertSource>> create(const gguf::Model& m, const config::ModelConfig& c);
   StatusOr<ExpertWeights> acquire(int layer, int expert) override;
   void release(int, int) override {}
+  const uint8_t* arena_base() const override { return nullptr; }  // the file's tensors, no slots
 
  private:
   std::vector<ExpertWeights> merged_;  // per layer: rows of all experts
