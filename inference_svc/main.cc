@@ -46,7 +46,9 @@ constexpr const char* kUsage =
     "  --engram-tables auto|device|host  cuda: Engram tables in device memory, or left in the file\n"
     "                          with each step's rows copied over (auto: host when experts are streamed)\n"
     "  --prefetch-next-layer on|off  cuda + --expert-store: hint layer l+1's likely experts from\n"
-    "                          layer l (default off; see LoadOptions::prefetch_next_layer)\n";
+    "                          layer l (default off; see LoadOptions::prefetch_next_layer)\n"
+    "  --expert-activations f32|q8  cuda: decode's Q2_K/Q3_K routed-expert GEMVs read fp32\n"
+    "                          activations (default) or 8-bit ones with dp4a (LoadOptions::expert_act_q8)\n";
 
 struct Flags {
   std::string model;
@@ -61,6 +63,7 @@ struct Flags {
   dsflash::kernels::Backend backend = dsflash::kernels::Backend::kCpu;
   dsflash::model::LoadOptions::EngramTables engram_tables = dsflash::model::LoadOptions::EngramTables::kAuto;
   bool prefetch_next_layer = false;
+  bool expert_act_q8 = false;
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -91,6 +94,10 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     }
     if (a == "--prefetch-next-layer" && value(&v) && (v == "on" || v == "off")) {
       f->prefetch_next_layer = v == "on";
+      continue;
+    }
+    if (a == "--expert-activations" && value(&v) && (v == "f32" || v == "q8")) {
+      f->expert_act_q8 = v == "q8";
       continue;
     }
     if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
@@ -265,6 +272,7 @@ int main(int argc, char** argv) {
   model::LoadOptions options{flags.backend};
   options.engram_tables = flags.engram_tables;
   options.prefetch_next_layer = flags.prefetch_next_layer;
+  options.expert_act_q8 = flags.expert_act_q8;
   auto loaded = load(**file, metrics, flags.load_rate_mbps, std::move(experts), options);
   if (!loaded.ok()) {
     log::error("%s", std::string(loaded.status().message()));

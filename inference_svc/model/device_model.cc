@@ -153,16 +153,16 @@ Status DeviceModel::upload_layer(const gguf::Model& file, int l) {
 }
 
 StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::load(const gguf::Model& file, const config::ModelConfig& cfg,
-                                                         ExpertSource* streamed, bool prefetch_next_layer,
-                                                         bool engram_on_host) {
+                                                         ExpertSource* streamed, const Options& options) {
   if (!kernels::cuda_available()) {
     return absl::FailedPreconditionError("the CUDA backend was asked for, but no CUDA device is usable (or this build has no CUDA)");
   }
   std::unique_ptr<DeviceModel> m(new DeviceModel());
   m->cfg_ = cfg;
   m->streamed_ = streamed;
-  m->prefetch_next_ = prefetch_next_layer;
-  m->engram_host_ = engram_on_host;
+  m->prefetch_next_ = options.prefetch_next_layer;
+  m->engram_host_ = options.engram_on_host;
+  m->expert_act_q8_ = options.expert_act_q8;
   ASSIGN_OR_RETURN(void* stream, kernels::stream_create());
   m->load_ctx_ = ExecCtx{kernels::Backend::kCuda, stream};
   m->layers_.resize(cfg.n_layer);

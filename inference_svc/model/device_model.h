@@ -146,14 +146,19 @@ class DeviceModel {
     kernels::Weight exp_gate, exp_up, exp_down;  // all experts, merged rows
     bool routed_on_device = false;  // decode GEMVs take its experts (routing stays on the device)
   };
+  struct Options {
+    // Streamed experts: layer l+1's experts hinted a layer early at decode.
+    bool prefetch_next_layer = false;
+    // The Engram tables stay in the mapped file and each call copies the rows it needs to the
+    // device (engram_rows.h); else they are uploaded with the other weights.
+    bool engram_on_host = false;
+    // Decode's routed-expert GEMVs (Q2_K / Q3_K) read 8-bit activations (LoadOptions).
+    bool expert_act_q8 = false;
+  };
   // `streamed`: null keeps every routed expert resident; else the source (device memory) each
-  // MoE layer acquires its experts from, with layer l+1's experts hinted a layer early at
-  // decode when `prefetch_next_layer`.
-  // `engram_on_host`: the Engram tables stay in the mapped file and each call copies the rows
-  // it needs to the device (engram_rows.h); else they are uploaded with the other weights.
+  // MoE layer acquires its experts from.
   static StatusOr<std::unique_ptr<DeviceModel>> load(const gguf::Model& file, const config::ModelConfig& cfg,
-                                                     ExpertSource* streamed = nullptr, bool prefetch_next_layer = false,
-                                                     bool engram_on_host = false);
+                                                     ExpertSource* streamed, const Options& options);
   ~DeviceModel();
 
   StatusOr<std::shared_ptr<DeviceSequence>> new_sequence() const;
@@ -246,6 +251,7 @@ class DeviceModel {
   bool routed_decode_ = false;  // every layer's routed experts have device-routed GEMVs
   ExpertSource* streamed_ = nullptr;  // the routed experts' source when they are not resident
   bool prefetch_next_ = false;
+  bool expert_act_q8_ = false;
   // Streamed experts: each layer's arena slot layout (ExpertTable without ids), recorded by the
   // eager decode path, for segmented graphs; off for good after a failed capture.
   mutable std::mutex slot_mu_;

@@ -17,6 +17,22 @@ using kernels::ExecCtx;
 
 namespace {
 
+// n rows of `cols` activations (packed) quantised to 8 bits for the dp4a expert GEMVs.
+struct ActQ8Buf {
+  DevBuf<int8_t> q;
+  DevBuf<float> d, s16;
+  kernels::ActQ8 view() const { return kernels::ActQ8{q.get(), d.get(), s16.get()}; }
+};
+
+StatusOr<ActQ8Buf> quantize_act_q8(const ExecCtx& ctx, const float* x, int64_t cols, int n) {
+  ActQ8Buf b;
+  ASSIGN_OR_RETURN(b.q, DevBuf<int8_t>::make(ctx, n * cols));
+  ASSIGN_OR_RETURN(b.d, DevBuf<float>::make(ctx, n * cols / 32));
+  ASSIGN_OR_RETURN(b.s16, DevBuf<float>::make(ctx, n * cols / 16));
+  RETURN_IF_ERROR(kernels::quantize_act_q8_cuda(ctx, x, cols, n, cols, b.view()));
+  return b;
+}
+
 std::vector<int> distinct(const std::vector<int32_t>& ids) {
   std::vector<int> out(ids.begin(), ids.end());
   std::sort(out.begin(), out.end());
@@ -293,10 +309,21 @@ Status DeviceModel::decode_experts(int l, Call& call, const float* x, const Expe
   ASSIGN_OR_RETURN(auto a, DevBuf<float>::make(ctx, K * F));
   ASSIGN_OR_RETURN(auto b, DevBuf<float>::make(ctx, K * F));
   ASSIGN_OR_RETURN(auto ye, DevBuf<float>::make(ctx, K * D));
-  RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.gate, t.gate_stride, t.ids, n, x, 0, a.get(), F));
-  RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.up, t.up_stride, t.ids, n, x, 0, b.get(), F));
-  RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
-  RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.down, t.down_stride, t.ids, n, a.get(), F, ye.get(), D));
+  if (expert_act_q8_ && kernels::linear_experts_q8_supported(t.base.gate, t.gate_stride) &&
+      kernels::linear_experts_q8_supported(t.base.up, t.up_stride) &&
+      kernels::linear_experts_q8_supported(t.base.down, t.down_stride)) {  // LoadOptions::expert_act_q8
+    ASSIGN_OR_RETURN(const ActQ8Buf xq, quantize_act_q8(ctx, x, D, 1));
+    RETURN_IF_ERROR(kernels::linear_experts_q8_cuda(ctx, t.base.gate, t.gate_stride, t.ids, n, xq.view(), true, a.get(), F));
+    RETURN_IF_ERROR(kernels::linear_experts_q8_cuda(ctx, t.base.up, t.up_stride, t.ids, n, xq.view(), true, b.get(), F));
+    RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
+    ASSIGN_OR_RETURN(const ActQ8Buf aq, quantize_act_q8(ctx, a.get(), F, n));
+    RETURN_IF_ERROR(kernels::linear_experts_q8_cuda(ctx, t.base.down, t.down_stride, t.ids, n, aq.view(), false, ye.get(), D));
+  } else {
+    RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.gate, t.gate_stride, t.ids, n, x, 0, a.get(), F));
+    RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.up, t.up_stride, t.ids, n, x, 0, b.get(), F));
+    RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
+    RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.down, t.down_stride, t.ids, n, a.get(), F, ye.get(), D));
+  }
   ASSIGN_OR_RETURN(const DevBuf<float> shared, shared_expert(w, L, call, x));
   return kernels::moe::combine_routed_cuda(ctx, ye.get(), experts, shared.get(), 1, K, D, y);
 }

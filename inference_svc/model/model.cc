@@ -47,11 +47,12 @@ StatusOr<std::unique_ptr<Model>> Model::load(const gguf::Model& file, std::uniqu
           "the CUDA backend reads streamed experts from device memory, but this expert source hands out host memory "
           "(start dsflash-expertstore with --arena device)");
     }
-    ASSIGN_OR_RETURN(m->device_, DeviceModel::load(file, c, in_process ? nullptr : m->experts_.get(),
-                                                   options.prefetch_next_layer,
-                                                   options.engram_tables == LoadOptions::EngramTables::kHost ||
-                                                       (options.engram_tables == LoadOptions::EngramTables::kAuto &&
-                                                        !in_process)));
+    DeviceModel::Options o;
+    o.prefetch_next_layer = options.prefetch_next_layer;
+    o.engram_on_host = options.engram_tables == LoadOptions::EngramTables::kHost ||
+                       (options.engram_tables == LoadOptions::EngramTables::kAuto && !in_process);
+    o.expert_act_q8 = options.expert_act_q8;
+    ASSIGN_OR_RETURN(m->device_, DeviceModel::load(file, c, in_process ? nullptr : m->experts_.get(), o));
   } else if (device_memory) {
     return absl::FailedPreconditionError(
         "the CPU backend reads experts from host memory, but this expert source hands out device memory "

@@ -111,6 +111,12 @@ struct LoadOptions {
   // and copied to the device with the call; the logits are the same either way.
   enum class EngramTables { kAuto, kDevice, kHost };
   EngramTables engram_tables = EngramTables::kAuto;
+  // kCuda, decode: the routed experts' Q2_K / Q3_K GEMVs read the activations quantised to 8
+  // bits per run of 32 (scale max|x| / 127; the K-quants' min terms keep exact sums) and
+  // multiply with dp4a, as llama.cpp's MMVQ does: ~4x fewer instructions per weight than
+  // decoding codes to fp32. Off by default: the CPU reference multiplies fp32 activations,
+  // and this moves the logits by more than summation order (golden_cuda_test measures it).
+  bool expert_act_q8 = false;
 };
 
 // Called with every named intermediate (e.g. "L3.attn.norm_out", rows x cols values); the

@@ -1,4 +1,4 @@
-// linear_cuda and linear_batch_cuda in a build without the CUDA backend.
+// The CUDA linears (linear_cuda.h) in a build without the CUDA backend.
 #include "kernels/linear/linear_cuda.h"
 
 namespace dsflash::kernels {
@@ -16,5 +16,14 @@ Status linear_experts_cuda(const ExecCtx&, const Weight&, int64_t, const int32_t
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 bool linear_experts_supported(const Weight&, int64_t) { return false; }
+
+Status quantize_act_q8_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, ActQ8) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status linear_experts_q8_cuda(const ExecCtx&, const Weight&, int64_t, const int32_t*, int, const ActQ8&, bool, float*,
+                              int64_t, OutRound) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+bool linear_experts_q8_supported(const Weight&, int64_t) { return false; }
 
 }  // namespace dsflash::kernels

@@ -242,6 +242,89 @@ __device__ __forceinline__ void q23_gemv(const LinearParams& p) {
   store_rows<kRows, kSplit>(p, acc, row0, lane);
 }
 
+// Q2_K / Q3_K with x quantised to 8 bits (ActQ8, quantize_act_q8_cuda): the lanes cover the
+// blocks as q23_gemv, each 16-value run's code dot product is four dp4a on the 8-bit x; the
+// K-quants' min / offset terms use the run's exact float sum. Codes are 0..3 (Q2_K) or 0..7
+// (Q3_K, its -4 offset carried by the sum), so they are valid signed bytes.
+template <GgmlType kType, int kRows, int kSplit>
+__device__ __forceinline__ void q23_gemv_q8(const LinearParams& p, const int8_t* xq, const float* xd, const float* xs) {
+  constexpr bool kQ3 = kType == GgmlType::kQ3_K;
+  constexpr int kBytes = kQ3 ? 110 : 84;
+  const int lane = threadIdx.x & 31;
+  const WarpPlace<kRows, kSplit> at;
+  const int64_t row0 = at.row0;
+  if (kSplit == 1 && row0 >= p.rows) return;
+  const int q = lane & 3, n = q >> 1, l0 = 16 * (q & 1);
+  const int64_t n_blocks = p.cols / 256;
+  float acc[kRows] = {};
+  for (int64_t b = 8 * at.slice + (lane >> 2); b < n_blocks; b += 8 * kSplit) {
+    int4 xv[4];
+    float dx[4], sx[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t v0 = b * 256 + 128 * n + 32 * j + l0;  // the run's first value
+      xv[j] = __ldg(reinterpret_cast<const int4*>(xq + v0));
+      dx[j] = __ldg(xd + v0 / 32);
+      sx[j] = __ldg(xs + v0 / 16);
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const uint8_t* blk = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + b * kBytes;
+      const uint8_t* qs = blk + (kQ3 ? 32 : 16) + 32 * n + l0;
+      uint32_t wq[4], wh[4] = {};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        wq[k] = word_at(qs + 4 * k);
+        if constexpr (kQ3) wh[k] = word_at(blk + l0 + 4 * k);
+      }
+      float part = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int xw[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
+        int dot = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          uint32_t c = (wq[k] >> (2 * j)) & 0x03030303u;
+          if constexpr (kQ3) c |= ((wh[k] >> (4 * n + j)) & 0x01010101u) << 2;
+          dot = __dp4a(static_cast<int>(c), xw[k], dot);
+        }
+        const float sxq = dx[j] * static_cast<float>(dot);
+        const int s = 8 * n + 2 * j + l0 / 16;
+        if constexpr (kQ3) {
+          const uint8_t* sc = blk + 96;
+          const int lo4 = s < 8 ? (sc[s] & 0xf) : (sc[s - 8] >> 4);
+          const int hi2 = (sc[8 + (s % 4)] >> (2 * (s / 4))) & 3;
+          part += static_cast<float>((lo4 | (hi2 << 4)) - 32) * (sxq - 4.0f * sx[j]);
+        } else {
+          const uint8_t sc = blk[s];
+          part += half_at(blk + 80) * static_cast<float>(sc & 0xf) * sxq - half_at(blk + 82) * static_cast<float>(sc >> 4) * sx[j];
+        }
+      }
+      acc[r] += kQ3 ? half_at(blk + 108) * part : part;
+    }
+  }
+  store_rows<kRows, kSplit>(p, acc, row0, lane);
+}
+
+// 8-bit x, 32 values per warp (one per lane): d = max|x| / 127 and q = rint(x / d) (both IEEE,
+// as quantize_act_q8 on the CPU), the exact sums of the two 16-value runs.
+__global__ void __launch_bounds__(kWarps * 32) quantize_q8_kernel(const float* x, int64_t cols, int64_t x_stride,
+                                                                  ActQ8 out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t run = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (run * 32 >= cols) return;
+  const float v = x[blockIdx.y * x_stride + run * 32 + lane];
+  float amax = fabsf(v);
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  const float d = amax / 127.0f;
+  const int64_t o = blockIdx.y * cols + run * 32 + lane;
+  out.q[o] = static_cast<int8_t>(d > 0.0f ? __float2int_rn(v / d) : 0);
+  float sum = v;  // lanes 0 and 16: their run of 16, in a fixed tree order
+  for (int off = 8; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off, 16);
+  if (lane == 0) out.d[o / 32] = d;
+  if ((lane & 15) == 0) out.s16[o / 16] = sum;
+}
+
 template <GgmlType kType, int kRows, int kSplit>
 __device__ __forceinline__ void gemv(const LinearParams& p) {
   if constexpr (kType == GgmlType::kQ4_K) q4k_gemv<kRows, kSplit>(p);
@@ -268,6 +351,23 @@ __global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(const __grid_c
   p.x += blockIdx.y * b.x_stride;
   p.y += blockIdx.y * b.y_stride;
   gemv<kType, kRows, kSplit>(p);
+}
+
+// Experts chosen on the device over 8-bit x: product k reads x run k (q_stride 0: one x).
+struct ExpertBatchQ8 {
+  LinearParams p;  // expert 0's rows, product 0's y (p.x unused)
+  const int32_t* ids;
+  int64_t expert_bytes, y_stride, q_stride;
+  ActQ8 x;
+};
+
+template <GgmlType kType, int kRows, int kSplit>
+__global__ void __launch_bounds__(kWarps * 32) expert_gemv_q8_kernel(const __grid_constant__ ExpertBatchQ8 b) {
+  LinearParams p = b.p;
+  p.w += static_cast<int64_t>(b.ids[blockIdx.y]) * b.expert_bytes;
+  p.y += blockIdx.y * b.y_stride;
+  const int64_t off = blockIdx.y * b.q_stride;
+  q23_gemv_q8<kType, kRows, kSplit>(p, b.x.q + off, b.x.d + off / 32, b.x.s16 + off / 16);
 }
 
 // Launches K<kType, kRows, kSplit>::fn with the rows per warp and the column split the launch's
@@ -311,6 +411,10 @@ struct GemvK {
 template <GgmlType kType, int kRows, int kSplit>
 struct ExpertK {
   static constexpr auto fn = expert_gemv_kernel<kType, kRows, kSplit>;
+};
+template <GgmlType kType, int kRows, int kSplit>
+struct ExpertQ8K {
+  static constexpr auto fn = expert_gemv_q8_kernel<kType, kRows, kSplit>;
 };
 
 }  // namespace
@@ -389,6 +493,36 @@ bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {
                        static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), false};
   const int64_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;
   return decode_gemv_applies(w.type, &p, 1) && expert_bytes % w_align == 0;
+}
+
+
+Status quantize_act_q8_cuda(const ExecCtx& ctx, const float* x, int64_t cols, int n, int64_t x_stride, ActQ8 out) {
+  if (n <= 0) return absl::OkStatus();
+  if (cols % 32 != 0) return absl::InvalidArgumentError(absl::StrCat("quantize_act_q8_cuda: ", cols, " columns, not whole runs of 32"));
+  const int64_t runs = cols / 32;
+  return cuda::launch(quantize_q8_kernel,
+                      cuda::LaunchParams{dim3(static_cast<unsigned>((runs + kWarps - 1) / kWarps), static_cast<unsigned>(n)),
+                                         dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)},
+                      x, cols, x_stride, out);
+}
+
+bool linear_experts_q8_supported(const Weight& w, int64_t expert_bytes) {
+  return (w.type == GgmlType::kQ2_K || w.type == GgmlType::kQ3_K) && linear_experts_supported(w, expert_bytes);
+}
+
+Status linear_experts_q8_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
+                              const ActQ8& x, bool one_x, float* y, int64_t y_stride, OutRound round) {
+  if (n <= 0) return absl::OkStatus();
+  const quant::TypeTraits& t = quant::traits(w.type);
+  if (!linear_experts_q8_supported(w, expert_bytes)) {
+    return absl::UnimplementedError(absl::StrCat("linear_experts_q8_cuda: no 8-bit-activation GEMV for ", t.name));
+  }
+  ExpertBatchQ8 b{LinearParams{w.data, nullptr, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
+                               static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16},
+                  ids, expert_bytes, y_stride, one_x ? 0 : w.cols, x};
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  if (w.type == GgmlType::kQ2_K) return launch_rows<ExpertQ8K, GgmlType::kQ2_K>(w.rows, w.cols, n, st, b);
+  return launch_rows<ExpertQ8K, GgmlType::kQ3_K>(w.rows, w.cols, n, st, b);
 }
 
 }  // namespace dsflash::kernels

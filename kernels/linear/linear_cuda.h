@@ -35,4 +35,22 @@ Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_b
 // aligned too).
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes);
 
+// Activations quantised to 8 bits for the dp4a expert GEMVs (opt-in, LoadOptions::expert_act_q8):
+// per run of 32 values d = max|x| / 127 and q = rint(x / d); the exact float sum of each run
+// of 16 (the K-quants' min and offset terms use it). Device arrays of n x cols, n x cols / 32
+// and n x cols / 16, q 16-byte aligned.
+struct ActQ8 {
+  int8_t* q = nullptr;
+  float* d = nullptr;
+  float* s16 = nullptr;
+};
+// x [n][x_stride] (cols used of each) into out, products packed (product k at k * cols).
+Status quantize_act_q8_cuda(const ExecCtx& ctx, const float* x, int64_t cols, int n, int64_t x_stride, ActQ8 out);
+// As linear_experts_cuda over 8-bit x: product k reads run k of x (one_x: run 0 for all).
+// Q2_K and Q3_K (where linear_experts_q8_supported); the rest is unimplemented.
+Status linear_experts_q8_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
+                              const ActQ8& x, bool one_x, float* y, int64_t y_stride,
+                              OutRound round = OutRound::kBf16);
+bool linear_experts_q8_supported(const Weight& w, int64_t expert_bytes);
+
 }  // namespace dsflash::kernels

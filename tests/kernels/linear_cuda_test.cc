@@ -3,6 +3,7 @@
 // order rounding, bf16 outputs to one bf16 ulp. Skipped where no GPU is present.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -152,6 +153,97 @@ TEST_P(LinearCuda, ExpertsPickedOnTheDeviceMatchCpu) {
   }
   cudaStreamDestroy(s);
   for (void* p : std::initializer_list<void*>{dw, dx, di, dy}) cudaFree(p);
+}
+
+// The oracle of quantize_act_q8_cuda: per run of 32, d = max|x| / 127, q = rint(x / d).
+void quantize_q8_ref(const float* x, int64_t cols, int8_t* q, float* d) {
+  for (int64_t r = 0; r < cols / 32; ++r) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[r * 32 + i]));
+    d[r] = amax / 127.0f;
+    for (int i = 0; i < 32; ++i) {
+      q[r * 32 + i] = static_cast<int8_t>(d[r] > 0.0f ? std::nearbyint(x[r * 32 + i] / d[r]) : 0.0f);
+    }
+  }
+}
+
+// Experts on 8-bit activations (LoadOptions::expert_act_q8): the quantisation equals its
+// oracle bit for bit (sums to rounding), and the products stay within the 8-bit rounding of x
+// of the CPU's fp32 products (NMSE; ~2e-5 expected for normal x). Shapes cover 1, 2 and 4
+// rows per warp with a partial last warp, one x for all products and one x each.
+TEST_P(LinearCuda, ExpertsOnEightBitActivationsStayNearTheCpu) {
+  const GgmlType type = GetParam();
+  if (type != GgmlType::kQ2_K && type != GgmlType::kQ3_K) GTEST_SKIP() << "Q2_K and Q3_K only";
+  struct Shape {
+    int64_t K, N;
+    int n;
+    bool one_x;
+  };
+  for (const Shape sh : {Shape{2304, 257, 3, true}, Shape{2304, 4100, 4, false}, Shape{5120, 31, 1, false},
+                         Shape{5120, 1537, 4, true}}) {
+    const int64_t K = sh.K, N = sh.N, E = 3;
+    const int n = sh.n;
+    const uint64_t rb = *quant::row_bytes(type, K);
+    std::mt19937 rng(31 + static_cast<int>(type) + static_cast<int>(N));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> wf(static_cast<size_t>(K * N * E)), x(static_cast<size_t>(K * n));
+    for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+    for (float& v : x) v = quant::round_bf16(nd(rng));
+    std::vector<uint8_t> bytes(rb * N * E);
+    ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N * E).ok());
+    ASSERT_TRUE(linear_experts_q8_supported(Weight{type, K, N, reinterpret_cast<const uint8_t*>(uintptr_t{256}), rb},
+                                            static_cast<int64_t>(rb * N)));
+    const std::vector<int32_t> ids = {2, 0, 2, 1};
+    uint8_t* dw = to_device(bytes);
+    float* dx = to_device(x);
+    int32_t* di = to_device(ids);
+    float* dy = to_device(std::vector<float>(N * n, std::nanf("")));
+    const int nx = sh.one_x ? 1 : n;
+    int8_t* qd = to_device(std::vector<int8_t>(K * nx, 99));
+    float* dd = to_device(std::vector<float>(K * nx / 32, std::nanf("")));
+    float* sd = to_device(std::vector<float>(K * nx / 16, std::nanf("")));
+    const ActQ8 xq{qd, dd, sd};
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    const ExecCtx ctx{Backend::kCuda, s};
+    ASSERT_TRUE(quantize_act_q8_cuda(ctx, dx, K, nx, K, xq).ok());
+    ASSERT_TRUE(linear_experts_q8_cuda(ctx, Weight{type, K, N, dw, rb}, static_cast<int64_t>(rb * N), di, n, xq,
+                                       sh.one_x, dy, N, OutRound::kF32)
+                    .ok());
+    std::vector<float> got(N * n), d(K * nx / 32), s16(K * nx / 16);
+    std::vector<int8_t> q(K * nx);
+    ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(q.data(), qd, q.size(), cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(d.data(), dd, d.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(s16.data(), sd, s16.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    std::vector<int8_t> q_ref(K * nx);
+    std::vector<float> d_ref(K * nx / 32);
+    quantize_q8_ref(x.data(), K * nx, q_ref.data(), d_ref.data());
+    EXPECT_EQ(q, q_ref) << "8-bit codes";
+    EXPECT_EQ(d, d_ref) << "run scales";
+    for (size_t i = 0; i < s16.size(); ++i) {
+      float sum = 0.0f, mag = 0.0f;
+      for (int j = 0; j < 16; ++j) sum += x[i * 16 + j], mag += std::fabs(x[i * 16 + j]);
+      ASSERT_NEAR(s16[i], sum, 1e-6f * mag) << "sum of run " << i;
+    }
+    for (int k = 0; k < n; ++k) {
+      std::vector<float> ref(N);
+      linear(Weight{type, K, N, bytes.data() + ids[k] * rb * N, rb}, x.data() + (sh.one_x ? 0 : k * K), 1, ref.data(),
+             OutRound::kF32);
+      double err = 0, norm = 0;
+      for (int64_t i = 0; i < N; ++i) {
+        ASSERT_TRUE(std::isfinite(got[k * N + i])) << "product " << k << " row " << i;
+        err += (got[k * N + i] - ref[i]) * (got[k * N + i] - ref[i]);
+        norm += static_cast<double>(ref[i]) * ref[i];
+      }
+      std::printf("%s K=%lld N=%lld product %d: NMSE %.2e vs the CPU's fp32 product\n", quant::traits(type).name,
+                  static_cast<long long>(K), static_cast<long long>(N), k, err / norm);
+      EXPECT_LT(err / norm, 3e-4) << quant::traits(type).name << " K=" << K << " N=" << N << " product " << k;
+    }
+    cudaStreamDestroy(s);
+    for (void* p : std::initializer_list<void*>{dw, dx, di, dy, qd, dd, sd}) cudaFree(p);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,

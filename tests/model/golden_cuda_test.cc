@@ -2,6 +2,7 @@
 // logits of every prompt and the teacher-forced decode trace against the official goldens with
 // the CPU backend's bounds, the GPU against the CPU backend directly, prefill against prefill +
 // decode and chunked prefill on the GPU, and the calls the CUDA backend refuses.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -156,6 +157,32 @@ TEST_F(GoldenCuda, RefusesWhatItCannotDo) {
   EXPECT_EQ(seq->n_past, 2);
 }
 
+// Prefill the first 20 tokens of `prompt` (every row), then teacher-forced decode steps over
+// the rest: all logits in order.
+std::vector<float> prefill_then_decode(const Model& m, const std::vector<int32_t>& prompt, const Hook& hook) {
+  std::vector<float> out, logits;
+  auto seq = m.new_sequence();
+  EXPECT_NE(seq, nullptr);
+  EXPECT_TRUE(m.forward(*seq, std::vector<int32_t>(prompt.begin(), prompt.begin() + 20), true, &out, hook).ok());
+  for (size_t i = 20; i < prompt.size(); ++i) {
+    EXPECT_TRUE(m.forward(*seq, {prompt[i]}, false, &logits, hook).ok());
+    out.insert(out.end(), logits.begin(), logits.end());
+  }
+  return out;
+}
+
+std::vector<int32_t> synthetic_prompt(int64_t V) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 37; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 7919) % (V - 3)));
+  return prompt;
+}
+
+// One bf16 ulp added to every seventh value of layer 0's attention input.
+const Hook kOneUlpAtLayer0 = [](const std::string& name, float* d, int64_t rows, int64_t cols) {
+  if (name != "L0.attn.norm_out") return;
+  for (int64_t i = 0; i < rows * cols; i += 7) d[i] += std::ldexp(1.0f, std::ilogb(d[i] == 0 ? 1e-30f : d[i]) - 7);
+};
+
 // The synthetic tiny model has the release's quantised types (Q2_K/Q3_K experts, Q8_0
 // attention, Q6_K head), so decode takes the device-side expert path (routing, expert GEMVs
 // and the combine without a host round trip) that the golden file's MXFP4 experts do not. Its
@@ -168,27 +195,10 @@ TEST_F(GoldenCuda, QuantisedSyntheticModelMatchesTheCpu) {
   auto gpu = Model::load(*synth_, nullptr, LoadOptions{kernels::Backend::kCuda});
   ASSERT_TRUE(cpu.ok() && gpu.ok());
   const int64_t V = (*cpu)->config().n_vocab;
-  std::vector<int32_t> prompt;
-  for (int i = 0; i < 37; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 7919) % (V - 3)));
-  // Prefill 20 tokens (every row), then 17 teacher-forced decode steps.
-  auto run = [&](const Model& m, const Hook& hook) {
-    std::vector<float> out, logits;
-    auto seq = m.new_sequence();
-    EXPECT_NE(seq, nullptr);
-    EXPECT_TRUE(m.forward(*seq, std::vector<int32_t>(prompt.begin(), prompt.begin() + 20), true, &out, hook).ok());
-    for (size_t i = 20; i < prompt.size(); ++i) {
-      EXPECT_TRUE(m.forward(*seq, {prompt[i]}, false, &logits, hook).ok());
-      out.insert(out.end(), logits.begin(), logits.end());
-    }
-    return out;
-  };
-  const Hook one_ulp = [](const std::string& name, float* d, int64_t rows, int64_t cols) {
-    if (name != "L0.attn.norm_out") return;
-    for (int64_t i = 0; i < rows * cols; i += 7) d[i] += std::ldexp(1.0f, std::ilogb(d[i] == 0 ? 1e-30f : d[i]) - 7);
-  };
-  const std::vector<float> ref = run(**cpu, nullptr);
-  const auto sens = compare(run(**cpu, one_ulp), ref, V);
-  const auto a = compare(run(**gpu, nullptr), ref, V);
+  const std::vector<int32_t> prompt = synthetic_prompt(V);
+  const std::vector<float> ref = prefill_then_decode(**cpu, prompt, nullptr);
+  const auto sens = compare(prefill_then_decode(**cpu, prompt, kOneUlpAtLayer0), ref, V);
+  const auto a = compare(prefill_then_decode(**gpu, prompt, nullptr), ref, V);
   std::printf("synthetic tiny (quantised), prefill 20 + 17 decode steps: gpu vs cpu median %.2e p99 %.2e max %.2e "
               "argmax %d/%d; cpu vs cpu + 1 ulp at layer 0: median %.2e p99 %.2e max %.2e argmax %d/%d\n",
               a.median, a.p99, a.max, a.argmax_same, a.rows, sens.median, sens.p99, sens.max, sens.argmax_same,
@@ -196,6 +206,37 @@ TEST_F(GoldenCuda, QuantisedSyntheticModelMatchesTheCpu) {
   EXPECT_LE(a.median, 2 * sens.median + 1e-3);
   EXPECT_LE(a.p99, 2 * sens.p99 + 1e-3);
   EXPECT_GE(a.argmax_same, sens.argmax_same - a.rows / 10);
+}
+
+// LoadOptions::expert_act_q8 on the same model: decode's expert GEMVs read 8-bit activations,
+// which moves the logits by more than summation order (the kernel's own accuracy is tested in
+// linear_cuda_test). Measured against the CPU beside the 1-ulp sensitivity, bounded loosely
+// (the random model is chaotic); the decode logits must differ from the fp32 path's (the q8
+// path ran) and the prefill rows (grouped GEMMs, fp32) must not.
+TEST_F(GoldenCuda, EightBitExpertActivationsStayNearTheCpu) {
+  ASSERT_NE(synth_, nullptr);
+  auto cpu = Model::load(*synth_);
+  auto gpu = Model::load(*synth_, nullptr, LoadOptions{kernels::Backend::kCuda});
+  LoadOptions q8{kernels::Backend::kCuda};
+  q8.expert_act_q8 = true;
+  auto gpu_q8 = Model::load(*synth_, nullptr, q8);
+  ASSERT_TRUE(cpu.ok() && gpu.ok() && gpu_q8.ok());
+  const int64_t V = (*cpu)->config().n_vocab;
+  const std::vector<int32_t> prompt = synthetic_prompt(V);
+  const std::vector<float> ref = prefill_then_decode(**cpu, prompt, nullptr);
+  const auto sens = compare(prefill_then_decode(**cpu, prompt, kOneUlpAtLayer0), ref, V);
+  const std::vector<float> f32 = prefill_then_decode(**gpu, prompt, nullptr);
+  const std::vector<float> got = prefill_then_decode(**gpu_q8, prompt, nullptr);
+  ASSERT_EQ(got.size(), f32.size());
+  const size_t prefill = static_cast<size_t>(20 * V);
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + prefill, f32.begin())) << "prefill rows changed";
+  EXPECT_FALSE(std::equal(got.begin() + prefill, got.end(), f32.begin() + prefill)) << "the q8 path did not run";
+  const auto a = compare(got, ref, V);
+  std::printf("synthetic tiny, experts on 8-bit activations: gpu vs cpu median %.2e p99 %.2e max %.2e argmax %d/%d; "
+              "cpu + 1 ulp: median %.2e p99 %.2e argmax %d/%d\n",
+              a.median, a.p99, a.max, a.argmax_same, a.rows, sens.median, sens.p99, sens.argmax_same, sens.rows);
+  EXPECT_LE(a.median, 10 * sens.median + 1e-2);
+  EXPECT_GE(a.argmax_same, a.rows / 2);
 }
 
 // Decode steps replayed from CUDA graphs against the same steps issued op by op, bit for bit:

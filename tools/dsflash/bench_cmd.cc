@@ -1,6 +1,6 @@
 // `dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--warmup W] [--csv PATH]
-//  [--label L] [--backend cpu|cuda]`: prefill and decode throughput of one sequence (median of R
-// runs after W uncounted warm-up runs, default 1),
+//  [--label L] [--backend cpu|cuda] [--expert-activations f32|q8]`: prefill and decode
+// throughput of one sequence (median of R runs after W uncounted warm-up runs, default 1),
 // with the bytes-moved bound for decode, appended to bench/results.csv:
 //   date,commit,machine,benchmark,configuration,metric,value,unit
 // On the CUDA backend also: the median decode step replayed from CUDA graphs and issued eagerly
@@ -191,10 +191,13 @@ Status run(const Args& a) {
   const std::string backend = a.get_or("backend", "cpu");
   if (backend != "cpu" && backend != "cuda") return absl::InvalidArgumentError("--backend must be cpu or cuda");
   const bool cuda = backend == "cuda";
+  const std::string act = a.get_or("expert-activations", "f32");
+  if (act != "f32" && act != "q8") return absl::InvalidArgumentError("--expert-activations must be f32 or q8");
   ASSIGN_OR_RETURN(auto file, gguf::Model::open(a.get_or("model", "")));
   const auto l0 = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(auto m, model::Model::load(*file, nullptr,
-                                              model::LoadOptions{cuda ? kernels::Backend::kCuda : kernels::Backend::kCpu}));
+  model::LoadOptions options{cuda ? kernels::Backend::kCuda : kernels::Backend::kCpu};
+  options.expert_act_q8 = act == "q8";
+  ASSIGN_OR_RETURN(auto m, model::Model::load(*file, nullptr, options));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
   if (n_prompt + (cuda ? 2 : 1) * n_decode > m->config().n_ctx) {
     return absl::InvalidArgumentError("prompt + decode steps exceed the context");
@@ -204,7 +207,8 @@ Status run(const Args& a) {
   const int64_t replays = m->decode_graph_replays() - replays0;
   const double bytes = decode_bytes(*file, m->config());
   const std::string config = absl::StrCat(a.get_or("label", m->config().name), " prompt=", n_prompt, " decode=", n_decode,
-                                          " runs=", runs, " warmup=", warmup, " backend=", backend);
+                                          " runs=", runs, " warmup=", warmup, " backend=", backend,
+                                          act == "q8" ? " expert-activations=q8" : "");
   std::vector<BenchRow> rows = {{"prefill_tokens_per_s", r.prefill_tps, "tok/s"},
                                 {"decode_tokens_per_s", r.decode_tps, "tok/s"},
                                 {"decode_weight_bytes_per_token", bytes, "bytes"},
@@ -240,11 +244,12 @@ Status run(const Args& a) {
 }  // namespace
 
 int bench_main(const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {}, {"model", "prompt", "decode", "runs", "warmup", "csv", "label", "backend"});
+  auto args = Args::parse(argv, {}, {"model", "prompt", "decode", "runs", "warmup", "csv", "label", "backend",
+                                        "expert-activations"});
   if (!args.ok() || !args->has("model")) {
     std::fprintf(stderr,
                  "usage: dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--warmup W] [--csv PATH] "
-                 "[--label L] [--backend cpu|cuda]\n");
+                 "[--label L] [--backend cpu|cuda] [--expert-activations f32|q8]\n");
     return 2;
   }
   return exit_code(run(*args));
