@@ -244,8 +244,10 @@ __device__ __forceinline__ void q23_gemv(const LinearParams& p) {
 
 // Q2_K / Q3_K with x quantised to 8 bits (ActQ8, quantize_act_q8_cuda): the lanes cover the
 // blocks as q23_gemv, each 16-value run's code dot product is four dp4a on the 8-bit x; the
-// K-quants' min / offset terms use the run's exact float sum. Codes are 0..3 (Q2_K) or 0..7
-// (Q3_K, its -4 offset carried by the sum), so they are valid signed bytes.
+// K-quants' min / offset terms use the run's sum of the same 8-bit values, so the product is
+// W x' for x' = d q exactly (up to rounding) and its error W (x' - x) is that of the 8-bit x
+// alone (with the exact sum instead, the codes' offset would weigh the error: 3-10x the NMSE).
+// Codes are 0..3 (Q2_K) or 0..7 (Q3_K, its -4 offset carried by the sum): valid signed bytes.
 template <GgmlType kType, int kRows, int kSplit>
 __device__ __forceinline__ void q23_gemv_q8(const LinearParams& p, const int8_t* xq, const float* xd, const float* xs) {
   constexpr bool kQ3 = kType == GgmlType::kQ3_K;
@@ -306,8 +308,8 @@ __device__ __forceinline__ void q23_gemv_q8(const LinearParams& p, const int8_t*
   store_rows<kRows, kSplit>(p, acc, row0, lane);
 }
 
-// 8-bit x, 32 values per warp (one per lane): d = max|x| / 127 and q = rint(x / d) (both IEEE,
-// as quantize_act_q8 on the CPU), the exact sums of the two 16-value runs.
+// 8-bit x, 32 values per warp (one per lane): d = max|x| / 127 and q = rint(x / d) (both IEEE),
+// and d times the sum of each 16-value run of q.
 __global__ void __launch_bounds__(kWarps * 32) quantize_q8_kernel(const float* x, int64_t cols, int64_t x_stride,
                                                                   ActQ8 out) {
   const int lane = threadIdx.x & 31;
@@ -318,11 +320,12 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_q8_kernel(const float* x
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
   const float d = amax / 127.0f;
   const int64_t o = blockIdx.y * cols + run * 32 + lane;
-  out.q[o] = static_cast<int8_t>(d > 0.0f ? __float2int_rn(v / d) : 0);
-  float sum = v;  // lanes 0 and 16: their run of 16, in a fixed tree order
+  const int q = d > 0.0f ? __float2int_rn(v / d) : 0;
+  out.q[o] = static_cast<int8_t>(q);
+  int sum = q;  // lanes 0 and 16: their run of 16 (exact in int)
   for (int off = 8; off > 0; off >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, off, 16);
   if (lane == 0) out.d[o / 32] = d;
-  if ((lane & 15) == 0) out.s16[o / 16] = sum;
+  if ((lane & 15) == 0) out.s16[o / 16] = d * static_cast<float>(sum);
 }
 
 template <GgmlType kType, int kRows, int kSplit>

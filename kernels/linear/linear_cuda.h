@@ -36,9 +36,9 @@ Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_b
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes);
 
 // Activations quantised to 8 bits for the dp4a expert GEMVs (opt-in, LoadOptions::expert_act_q8):
-// per run of 32 values d = max|x| / 127 and q = rint(x / d); the exact float sum of each run
-// of 16 (the K-quants' min and offset terms use it). Device arrays of n x cols, n x cols / 32
-// and n x cols / 16, q 16-byte aligned.
+// per run of 32 values d = max|x| / 127 and q = rint(x / d); s16 = d x the sum of q over each
+// run of 16 (the K-quants' min and offset terms). Device arrays of n x cols, n x cols / 32 and
+// n x cols / 16, q 16-byte aligned.
 struct ActQ8 {
   int8_t* q = nullptr;
   float* d = nullptr;

@@ -168,8 +168,8 @@ void quantize_q8_ref(const float* x, int64_t cols, int8_t* q, float* d) {
 }
 
 // Experts on 8-bit activations (LoadOptions::expert_act_q8): the quantisation equals its
-// oracle bit for bit (sums to rounding), and the products stay within the 8-bit rounding of x
-// of the CPU's fp32 products (NMSE; ~2e-5 expected for normal x). Shapes cover 1, 2 and 4
+// oracle bit for bit, and the products stay within the 8-bit rounding of x of the CPU's fp32
+// products (NMSE; that of x alone, ~2e-5 for normal x). Shapes cover 1, 2 and 4
 // rows per warp with a partial last warp, one x for all products and one x each.
 TEST_P(LinearCuda, ExpertsOnEightBitActivationsStayNearTheCpu) {
   const GgmlType type = GetParam();
@@ -223,9 +223,9 @@ TEST_P(LinearCuda, ExpertsOnEightBitActivationsStayNearTheCpu) {
     EXPECT_EQ(q, q_ref) << "8-bit codes";
     EXPECT_EQ(d, d_ref) << "run scales";
     for (size_t i = 0; i < s16.size(); ++i) {
-      float sum = 0.0f, mag = 0.0f;
-      for (int j = 0; j < 16; ++j) sum += x[i * 16 + j], mag += std::fabs(x[i * 16 + j]);
-      ASSERT_NEAR(s16[i], sum, 1e-6f * mag) << "sum of run " << i;
+      int sum = 0;
+      for (int j = 0; j < 16; ++j) sum += q_ref[i * 16 + j];
+      ASSERT_EQ(s16[i], d_ref[i / 2] * static_cast<float>(sum)) << "sum of run " << i;
     }
     for (int k = 0; k < n; ++k) {
       std::vector<float> ref(N);
@@ -239,7 +239,7 @@ TEST_P(LinearCuda, ExpertsOnEightBitActivationsStayNearTheCpu) {
       }
       std::printf("%s K=%lld N=%lld product %d: NMSE %.2e vs the CPU's fp32 product\n", quant::traits(type).name,
                   static_cast<long long>(K), static_cast<long long>(N), k, err / norm);
-      EXPECT_LT(err / norm, 3e-4) << quant::traits(type).name << " K=" << K << " N=" << N << " product " << k;
+      EXPECT_LT(err / norm, 1e-4) << quant::traits(type).name << " K=" << K << " N=" << N << " product " << k;
     }
     cudaStreamDestroy(s);
     for (void* p : std::initializer_list<void*>{dw, dx, di, dy, qd, dd, sd}) cudaFree(p);
