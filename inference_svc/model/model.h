@@ -112,10 +112,12 @@ struct LoadOptions {
   enum class EngramTables { kAuto, kDevice, kHost };
   EngramTables engram_tables = EngramTables::kAuto;
   // kCuda, decode: the routed experts' Q2_K / Q3_K GEMVs read the activations quantised to 8
-  // bits per run of 32 (scale max|x| / 127; the K-quants' min terms keep exact sums) and
-  // multiply with dp4a, as llama.cpp's MMVQ does: ~4x fewer instructions per weight than
-  // decoding codes to fp32. Off by default: the CPU reference multiplies fp32 activations,
-  // and this moves the logits by more than summation order (golden_cuda_test measures it).
+  // bits per run of 32 (scale max|x| / 127) and multiply the codes with dp4a, as llama.cpp's
+  // MMVQ does. On the H200 (perf preset) those GEMVs take 3.3 instead of 5.4 ms per token and
+  // decode runs at 63.7 instead of 57.2 tok/s; each product's NMSE against fp32 is ~3e-5. Off
+  // by default: the CPU reference multiplies fp32 activations, and this moves the logits by
+  // more than summation order (golden_cuda_test measures it: still within the CPU's own
+  // sensitivity to one bf16 ulp at layer 0).
   bool expert_act_q8 = false;
 };
 
