@@ -180,76 +180,113 @@ __device__ __forceinline__ void q6k_gemv(const LinearParams& p) {
 // Q3_K adds the high bits hmask[l0 + 0..16) bit 4n + j (set: code + 4). Blocks are 84 / 110
 // bytes (4 / 2-byte aligned): words from half-word loads (word_at).
 
-template <GgmlType kType, int kRows, int kSplit>
-__device__ __forceinline__ void q23_gemv(const LinearParams& p) {
-  constexpr bool kQ3 = kType == GgmlType::kQ3_K;
-  constexpr int kBytes = kQ3 ? 110 : 84;
-  const int lane = threadIdx.x & 31;
-  const WarpPlace<kRows, kSplit> at;
-  const int64_t row0 = at.row0;
-  if (kSplit == 1 && row0 >= p.rows) return;
-  const int q = lane & 3, n = q >> 1, l0 = 16 * (q & 1);
-  const int64_t n_blocks = p.cols / 256;
-  float acc[kRows] = {};
-  for (int64_t b = 8 * at.slice + (lane >> 2); b < n_blocks; b += 8 * kSplit) {
-    float x[4][16], sx[4];
+// A lane's share of a Q2_K / Q3_K block (layout above): its 16 code bytes (and Q3_K's high
+// bits), and shift j's four codes of word k as bytes.
+template <bool kQ3>
+struct Q23Codes {
+  __device__ __forceinline__ Q23Codes(const uint8_t* blk, int n, int l0) : n(n) {
+    const uint8_t* qs = blk + (kQ3 ? 32 : 16) + 32 * n + l0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      wq[k] = word_at(qs + 4 * k);
+      if constexpr (kQ3) wh[k] = word_at(blk + l0 + 4 * k);
+    }
+  }
+  __device__ __forceinline__ uint32_t at(int j, int k) const {
+    uint32_t c = (wq[k] >> (2 * j)) & 0x03030303u;
+    if constexpr (kQ3) c |= ((wh[k] >> (4 * n + j)) & 0x01010101u) << 2;
+    return c;
+  }
+  uint32_t wq[4], wh[4] = {};
+  int n;
+};
+
+// Sub-block s's term from sxq (its codes times x, summed) and sx (its x summed): Q2_K's scale
+// and min with d and dmin; Q3_K's signed scale and -4 offset (d per block, by the caller).
+template <bool kQ3>
+__device__ __forceinline__ float q23_term(const uint8_t* blk, int s, float sxq, float sx) {
+  if constexpr (kQ3) {
+    const uint8_t* sc = blk + 96;
+    const int lo4 = s < 8 ? (sc[s] & 0xf) : (sc[s - 8] >> 4);
+    const int hi2 = (sc[8 + (s % 4)] >> (2 * (s / 4))) & 3;
+    return static_cast<float>((lo4 | (hi2 << 4)) - 32) * (sxq - 4.0f * sx);
+  } else {
+    const uint8_t sc = blk[s];
+    return half_at(blk + 80) * static_cast<float>(sc & 0xf) * sxq - half_at(blk + 82) * static_cast<float>(sc >> 4) * sx;
+  }
+}
+
+// A lane's x for one block of q23_gemv: runs j = 0..3 of 16 values (128n + 32j + l0 + [0, 16)),
+// their sums, and run j's dot product with four words of codes. In fp32 (the reference path):
+struct XF32 {
+  const float* x;
+  struct Runs {
+    float v[4][16], sum[4];
+  };
+  __device__ __forceinline__ Runs load(int64_t b, int n, int l0) const {
+    Runs r;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float4* x4 = reinterpret_cast<const float4*>(p.x + b * 256 + 128 * n + 32 * j + l0);
-      sx[j] = 0.0f;
+      const float4* x4 = reinterpret_cast<const float4*>(x + b * 256 + 128 * n + 32 * j + l0);
+      r.sum[j] = 0.0f;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const float4 a = __ldg(x4 + k);
-        x[j][4 * k] = a.x, x[j][4 * k + 1] = a.y, x[j][4 * k + 2] = a.z, x[j][4 * k + 3] = a.w;
-        sx[j] += (a.x + a.y) + (a.z + a.w);
+        r.v[j][4 * k] = a.x, r.v[j][4 * k + 1] = a.y, r.v[j][4 * k + 2] = a.z, r.v[j][4 * k + 3] = a.w;
+        r.sum[j] += (a.x + a.y) + (a.z + a.w);
       }
     }
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const uint8_t* blk = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + b * kBytes;
-      const uint8_t* qs = blk + (kQ3 ? 32 : 16) + 32 * n + l0;
-      uint32_t wq[4], wh[4] = {};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        wq[k] = word_at(qs + 4 * k);
-        if constexpr (kQ3) wh[k] = word_at(blk + l0 + 4 * k);
-      }
-      float part = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float sxq = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          uint32_t c = (wq[k] >> (2 * j)) & 0x03030303u;
-          if constexpr (kQ3) c |= ((wh[k] >> (4 * n + j)) & 0x01010101u) << 2;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) sxq = fmaf(x[j][4 * k + i], code_at(c, i), sxq);
-        }
-        const int s = 8 * n + 2 * j + l0 / 16;
-        if constexpr (kQ3) {
-          const uint8_t* sc = blk + 96;
-          const int lo4 = s < 8 ? (sc[s] & 0xf) : (sc[s - 8] >> 4);
-          const int hi2 = (sc[8 + (s % 4)] >> (2 * (s / 4))) & 3;
-          part += static_cast<float>((lo4 | (hi2 << 4)) - 32) * (sxq - 4.0f * sx[j]);
-        } else {
-          const uint8_t sc = blk[s];
-          part += half_at(blk + 80) * static_cast<float>(sc & 0xf) * sxq - half_at(blk + 82) * static_cast<float>(sc >> 4) * sx[j];
-        }
-      }
-      acc[r] += kQ3 ? half_at(blk + 108) * part : part;
-    }
+    return r;
   }
-  store_rows<kRows, kSplit>(p, acc, row0, lane);
-}
+  template <class Codes>
+  __device__ __forceinline__ static float dot(const Runs& r, int j, const Codes& codes) {
+    float sxq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t c = codes.at(j, k);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sxq = fmaf(r.v[j][4 * k + i], code_at(c, i), sxq);
+    }
+    return sxq;
+  }
+};
 
-// Q2_K / Q3_K with x quantised to 8 bits (ActQ8, quantize_act_q8_cuda): the lanes cover the
-// blocks as q23_gemv, each 16-value run's code dot product is four dp4a on the 8-bit x; the
-// K-quants' min / offset terms use the run's sum of the same 8-bit values, so the product is
-// W x' for x' = d q exactly (up to rounding) and its error W (x' - x) is that of the 8-bit x
-// alone (with the exact sum instead, the codes' offset would weigh the error: 3-10x the NMSE).
-// Codes are 0..3 (Q2_K) or 0..7 (Q3_K, its -4 offset carried by the sum): valid signed bytes.
-template <GgmlType kType, int kRows, int kSplit>
-__device__ __forceinline__ void q23_gemv_q8(const LinearParams& p, const int8_t* xq, const float* xd, const float* xs) {
+// ... and in 8 bits (ActQ8, quantize_act_q8_cuda; LoadOptions::expert_act_q8): a run's dot
+// product is four dp4a (codes 0..3, or Q3_K's 0..7 with its -4 offset carried by the sum, are
+// valid signed bytes). Its sum is d times the 8-bit run's sum, so a product is W x' for
+// x' = d q exactly (up to rounding) and its error W (x' - x) is that of the 8-bit x alone (with
+// the exact float sum the codes' offset would weigh the error: 3-10x the NMSE).
+struct XQ8 {
+  const int8_t* q;
+  const float* d;
+  const float* s16;
+  struct Runs {
+    int4 v[4];
+    float d[4], sum[4];
+  };
+  __device__ __forceinline__ Runs load(int64_t b, int n, int l0) const {
+    Runs r;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t v0 = b * 256 + 128 * n + 32 * j + l0;  // the run's first value
+      r.v[j] = __ldg(reinterpret_cast<const int4*>(q + v0));
+      r.d[j] = __ldg(d + v0 / 32);
+      r.sum[j] = __ldg(s16 + v0 / 16);
+    }
+    return r;
+  }
+  template <class Codes>
+  __device__ __forceinline__ static float dot(const Runs& r, int j, const Codes& codes) {
+    const int xw[4] = {r.v[j].x, r.v[j].y, r.v[j].z, r.v[j].w};
+    int dot = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dot = __dp4a(static_cast<int>(codes.at(j, k)), xw[k], dot);
+    return r.d[j] * static_cast<float>(dot);
+  }
+};
+
+template <GgmlType kType, int kRows, int kSplit, class X>
+__device__ __forceinline__ void q23_gemv(const LinearParams& p, const X& xs) {
   constexpr bool kQ3 = kType == GgmlType::kQ3_K;
   constexpr int kBytes = kQ3 ? 110 : 84;
   const int lane = threadIdx.x & 31;
@@ -260,48 +297,14 @@ __device__ __forceinline__ void q23_gemv_q8(const LinearParams& p, const int8_t*
   const int64_t n_blocks = p.cols / 256;
   float acc[kRows] = {};
   for (int64_t b = 8 * at.slice + (lane >> 2); b < n_blocks; b += 8 * kSplit) {
-    int4 xv[4];
-    float dx[4], sx[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t v0 = b * 256 + 128 * n + 32 * j + l0;  // the run's first value
-      xv[j] = __ldg(reinterpret_cast<const int4*>(xq + v0));
-      dx[j] = __ldg(xd + v0 / 32);
-      sx[j] = __ldg(xs + v0 / 16);
-    }
+    const typename X::Runs x = xs.load(b, n, l0);
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const uint8_t* blk = p.w + min(row0 + r, p.rows - 1) * p.row_bytes + b * kBytes;
-      const uint8_t* qs = blk + (kQ3 ? 32 : 16) + 32 * n + l0;
-      uint32_t wq[4], wh[4] = {};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        wq[k] = word_at(qs + 4 * k);
-        if constexpr (kQ3) wh[k] = word_at(blk + l0 + 4 * k);
-      }
+      const Q23Codes<kQ3> codes(blk, n, l0);
       float part = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int xw[4] = {xv[j].x, xv[j].y, xv[j].z, xv[j].w};
-        int dot = 0;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          uint32_t c = (wq[k] >> (2 * j)) & 0x03030303u;
-          if constexpr (kQ3) c |= ((wh[k] >> (4 * n + j)) & 0x01010101u) << 2;
-          dot = __dp4a(static_cast<int>(c), xw[k], dot);
-        }
-        const float sxq = dx[j] * static_cast<float>(dot);
-        const int s = 8 * n + 2 * j + l0 / 16;
-        if constexpr (kQ3) {
-          const uint8_t* sc = blk + 96;
-          const int lo4 = s < 8 ? (sc[s] & 0xf) : (sc[s - 8] >> 4);
-          const int hi2 = (sc[8 + (s % 4)] >> (2 * (s / 4))) & 3;
-          part += static_cast<float>((lo4 | (hi2 << 4)) - 32) * (sxq - 4.0f * sx[j]);
-        } else {
-          const uint8_t sc = blk[s];
-          part += half_at(blk + 80) * static_cast<float>(sc & 0xf) * sxq - half_at(blk + 82) * static_cast<float>(sc >> 4) * sx[j];
-        }
-      }
+      for (int j = 0; j < 4; ++j) part += q23_term<kQ3>(blk, 8 * n + 2 * j + l0 / 16, X::dot(x, j, codes), x.sum[j]);
       acc[r] += kQ3 ? half_at(blk + 108) * part : part;
     }
   }
@@ -332,7 +335,7 @@ template <GgmlType kType, int kRows, int kSplit>
 __device__ __forceinline__ void gemv(const LinearParams& p) {
   if constexpr (kType == GgmlType::kQ4_K) q4k_gemv<kRows, kSplit>(p);
   else if constexpr (kType == GgmlType::kQ6_K) q6k_gemv<kRows, kSplit>(p);
-  else q23_gemv<kType, kRows, kSplit>(p);
+  else q23_gemv<kType, kRows, kSplit>(p, XF32{p.x});
 }
 
 template <GgmlType kType, int kRows, int kSplit>
@@ -370,7 +373,7 @@ __global__ void __launch_bounds__(kWarps * 32) expert_gemv_q8_kernel(const __gri
   p.w += static_cast<int64_t>(b.ids[blockIdx.y]) * b.expert_bytes;
   p.y += blockIdx.y * b.y_stride;
   const int64_t off = blockIdx.y * b.q_stride;
-  q23_gemv_q8<kType, kRows, kSplit>(p, b.x.q + off, b.x.d + off / 32, b.x.s16 + off / 16);
+  q23_gemv<kType, kRows, kSplit>(p, XQ8{b.x.q + off, b.x.d + off / 32, b.x.s16 + off / 16});
 }
 
 // Launches K<kType, kRows, kSplit>::fn with the rows per warp and the column split the launch's
