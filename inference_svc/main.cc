@@ -104,6 +104,10 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     std::fprintf(stderr, "dsflash-inference: bad argument '%s'\n", a.c_str());
     return false;
   }
+  if (f->expert_act_q8 && f->backend != dsflash::kernels::Backend::kCuda) {
+    std::fprintf(stderr, "dsflash-inference: --expert-activations q8 needs --backend cuda\n");
+    return false;
+  }
   return !f->model.empty();
 }
 

@@ -16,6 +16,11 @@ Model::~Model() = default;
 
 StatusOr<std::unique_ptr<Model>> Model::load(const gguf::Model& file, std::unique_ptr<ExpertSource> experts,
                                              const LoadOptions& options) {
+  if (options.expert_act_q8 && options.backend != kernels::Backend::kCuda) {
+    return absl::InvalidArgumentError(
+        "8-bit expert activations (--expert-activations q8) are a CUDA-backend option; the CPU backend multiplies fp32 "
+        "activations (run with --backend cuda, or leave them at f32)");
+  }
   std::unique_ptr<Model> m(new Model());
   ASSIGN_OR_RETURN(m->cfg_, config::from_gguf(file));
   RETURN_IF_ERROR(config::validate_tensors(m->cfg_, file));

@@ -159,7 +159,7 @@ TEST_F(GoldenCuda, RefusesWhatItCannotDo) {
 
 // Prefill the first 20 tokens of `prompt` (every row), then teacher-forced decode steps over
 // the rest: all logits in order.
-std::vector<float> prefill_then_decode(const Model& m, const std::vector<int32_t>& prompt, const Hook& hook) {
+std::vector<float> prefill_rows_then_decode(const Model& m, const std::vector<int32_t>& prompt, const Hook& hook) {
   std::vector<float> out, logits;
   auto seq = m.new_sequence();
   EXPECT_NE(seq, nullptr);
@@ -196,9 +196,9 @@ TEST_F(GoldenCuda, QuantisedSyntheticModelMatchesTheCpu) {
   ASSERT_TRUE(cpu.ok() && gpu.ok());
   const int64_t V = (*cpu)->config().n_vocab;
   const std::vector<int32_t> prompt = synthetic_prompt(V);
-  const std::vector<float> ref = prefill_then_decode(**cpu, prompt, nullptr);
-  const auto sens = compare(prefill_then_decode(**cpu, prompt, kOneUlpAtLayer0), ref, V);
-  const auto a = compare(prefill_then_decode(**gpu, prompt, nullptr), ref, V);
+  const std::vector<float> ref = prefill_rows_then_decode(**cpu, prompt, nullptr);
+  const auto sens = compare(prefill_rows_then_decode(**cpu, prompt, kOneUlpAtLayer0), ref, V);
+  const auto a = compare(prefill_rows_then_decode(**gpu, prompt, nullptr), ref, V);
   std::printf("synthetic tiny (quantised), prefill 20 + 17 decode steps: gpu vs cpu median %.2e p99 %.2e max %.2e "
               "argmax %d/%d; cpu vs cpu + 1 ulp at layer 0: median %.2e p99 %.2e max %.2e argmax %d/%d\n",
               a.median, a.p99, a.max, a.argmax_same, a.rows, sens.median, sens.p99, sens.max, sens.argmax_same,
@@ -223,10 +223,10 @@ TEST_F(GoldenCuda, EightBitExpertActivationsStayNearTheCpu) {
   ASSERT_TRUE(cpu.ok() && gpu.ok() && gpu_q8.ok());
   const int64_t V = (*cpu)->config().n_vocab;
   const std::vector<int32_t> prompt = synthetic_prompt(V);
-  const std::vector<float> ref = prefill_then_decode(**cpu, prompt, nullptr);
-  const auto sens = compare(prefill_then_decode(**cpu, prompt, kOneUlpAtLayer0), ref, V);
-  const std::vector<float> f32 = prefill_then_decode(**gpu, prompt, nullptr);
-  const std::vector<float> got = prefill_then_decode(**gpu_q8, prompt, nullptr);
+  const std::vector<float> ref = prefill_rows_then_decode(**cpu, prompt, nullptr);
+  const auto sens = compare(prefill_rows_then_decode(**cpu, prompt, kOneUlpAtLayer0), ref, V);
+  const std::vector<float> f32 = prefill_rows_then_decode(**gpu, prompt, nullptr);
+  const std::vector<float> got = prefill_rows_then_decode(**gpu_q8, prompt, nullptr);
   ASSERT_EQ(got.size(), f32.size());
   const size_t prefill = static_cast<size_t>(20 * V);
   EXPECT_TRUE(std::equal(got.begin(), got.begin() + prefill, f32.begin())) << "prefill rows changed";

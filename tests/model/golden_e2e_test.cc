@@ -92,6 +92,16 @@ TEST_F(GoldenModel, RejectsBadCalls) {
   EXPECT_EQ(model_->forward(*seq, std::vector<int32_t>(9, 5), false, &logits).code(), absl::StatusCode::kOutOfRange);
 }
 
+// Options of the CUDA backend are refused on the CPU backend, naming the option.
+TEST_F(GoldenModel, RefusesCudaOnlyOptions) {
+  LoadOptions q8;
+  q8.expert_act_q8 = true;
+  auto m = Model::load(*file_, nullptr, q8);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("--expert-activations q8"), absl::string_view::npos) << m.status();
+}
+
 // A prefill split into chunks computes the same logits as one prefill: each query lists its
 // window in the same order, so the arithmetic is identical.
 TEST_F(GoldenModel, ChunkedPrefillEqualsPrefill) {
