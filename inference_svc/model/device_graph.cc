@@ -34,12 +34,15 @@ void DecodeGraphs::drop() {
 
 void DecodeGraphs::drop_segments() {
   for (int p : {0, 1}) {
-    if (segments[p].empty()) continue;
-    for (void* g : segments[p]) kernels::graph_destroy(g);
-    segments[p].clear();
-    split_layer[p].clear();
-    appends[p].clear();
+    if (!segments[p].empty()) drop_segments(p);
   }
+}
+
+void DecodeGraphs::drop_segments(int parity) {
+  for (void* g : segments[parity]) kernels::graph_destroy(g);
+  segments[parity].clear();
+  split_layer[parity].clear();
+  appends[parity].clear();
 }
 
 void DecodeGraphs::release() {
@@ -141,10 +144,7 @@ Status DeviceModel::capture(DeviceSequence& ds, Sequence& seq, int parity) const
   if (s.ok() && !exec.ok()) s = exec.status();
   if (!s.ok()) {
     if (exec.ok()) kernels::graph_destroy(*exec);
-    g.appends[parity].clear();
-    for (void* seg : g.segments[parity]) kernels::graph_destroy(seg);
-    g.segments[parity].clear();
-    g.split_layer[parity].clear();
+    g.drop_segments(parity);  // the segments captured before the failure, and the appends
     return absl::InternalError(absl::StrCat("capturing the decode step as a CUDA graph: ", s.message()));
   }
   if (segmented) {

@@ -104,6 +104,7 @@ struct DecodeGraphs {
   ~DecodeGraphs() { release(); }
   void drop();     // destroys the graphs (the next step captures again)
   void drop_segments();  // destroys the streamed segment chains only
+  void drop_segments(int parity);  // one parity's chain, split layers and appends
   void release();  // drop() and frees the buffers (before the sequence's stream goes)
   void* exec[2] = {nullptr, nullptr};
   int64_t cap = 0;       // positions < cap replay; 0: none captured

@@ -166,15 +166,15 @@ Status DeviceModel::acquire_routed_slots(int l, Call& call, const int32_t* exper
     ASSIGN_OR_RETURN(ExpertWeights got, acquire_expert(l, e, call));
     ew.push_back(got);
   }
-  ExpertTable t;
+  ExpertWeights base;
   std::vector<int32_t> s;
   ExpertTable captured;
   {
     std::lock_guard<std::mutex> lock(slot_mu_);
     captured = slot_layout_[l];
   }
-  if (!as_slots(ew, &t.base, &s) || t.base.gate.data != captured.base.gate.data ||
-      t.base.up.data != captured.base.up.data || t.base.down.data != captured.base.down.data ||
+  if (!as_slots(ew, &base, &s) || base.gate.data != captured.base.gate.data ||
+      base.up.data != captured.base.up.data || base.down.data != captured.base.down.data ||
       static_cast<int64_t>(ew[0].slot_stride) != captured.gate_stride) {
     return absl::UnavailableError(absl::StrCat("layer ", l, "'s experts are no longer where the captured decode step "
                                                "reads them (the expert store's arena changed); the step stops"));
