@@ -4,9 +4,6 @@
 // kMaxGemvBatch products of the same shape (the routed experts of a layer): blockIdx.y picks one.
 #include <cuda_bf16.h>
 
-#include <cstdlib>
-#include <string_view>
-
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/ggml_blocks.cuh"
 #include "kernels/linear/linear_cuda.h"
@@ -67,30 +64,6 @@ struct WarpPlace {
   int slice;
 };
 
-// Whether the decode GEMVs first ask L2 for each warp's rows (DSF_GEMV_L2_PREFETCH=0 turns it
-// off, for measurement): all of a warp's weight lines are then in flight at once instead of one
-// block step's per loop trip.
-bool l2_prefetch_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("DSF_GEMV_L2_PREFETCH");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
-  return on;
-}
-
-// The L2 request: the warp's share (slice of kSplit) of the 128-byte lines holding rows
-// [row0, row0 + kRows) (a line address shares its page with the row bytes in it).
-template <int kRows, int kSplit>
-__device__ __forceinline__ void prefetch_rows(const LinearParams& p, int64_t row0, int slice, int lane) {
-  if (!p.prefetch_l2 || row0 >= p.rows) return;
-  const int64_t end_row = min(row0 + kRows, p.rows);
-  const uintptr_t first = reinterpret_cast<uintptr_t>(p.w + row0 * p.row_bytes) & ~uintptr_t{127};
-  const uintptr_t end = reinterpret_cast<uintptr_t>(p.w + end_row * p.row_bytes);
-  for (uintptr_t a = first + static_cast<uintptr_t>(slice * 32 + lane) * 128; a < end; a += 32 * kSplit * 128) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-  }
-}
-
 // Reduces a warp's partial sums and stores its rows; split columns are summed over the slices
 // in slice order (shared memory), so the result does not depend on scheduling.
 template <int kRows, int kSplit>
@@ -128,7 +101,6 @@ __device__ __forceinline__ void q4k_gemv(const LinearParams& p) {
   const WarpPlace<kRows, kSplit> at;
   const int64_t row0 = at.row0;
   if (kSplit == 1 && row0 >= p.rows) return;  // (split warps meet at a barrier: none leaves)
-  prefetch_rows<kRows, kSplit>(p, row0, at.slice, lane);
   const int q = lane & 7, c = q >> 1, h = q & 1;
   const int64_t n_blocks = p.cols / 256;
   float acc[kRows] = {};
@@ -171,7 +143,6 @@ __device__ __forceinline__ void q6k_gemv(const LinearParams& p) {
   const WarpPlace<kRows, kSplit> at;
   const int64_t row0 = at.row0;
   if (kSplit == 1 && row0 >= p.rows) return;  // (split warps meet at a barrier: none leaves)
-  prefetch_rows<kRows, kSplit>(p, row0, at.slice, lane);
   const int q = lane & 7, n = q >> 2, o = 16 * (q & 3), qa = o >> 5, l0 = o & 31;
   const int64_t n_blocks = p.cols / 256;
   float acc[kRows] = {};
@@ -322,7 +293,6 @@ __device__ __forceinline__ void q23_gemv(const LinearParams& p, const X& xs) {
   const WarpPlace<kRows, kSplit> at;
   const int64_t row0 = at.row0;
   if (kSplit == 1 && row0 >= p.rows) return;
-  prefetch_rows<kRows, kSplit>(p, row0, at.slice, lane);
   const int q = lane & 3, n = q >> 1, l0 = 16 * (q & 1);
   const int64_t n_blocks = p.cols / 256;
   float acc[kRows] = {};
@@ -474,7 +444,7 @@ bool decode_gemv_applies(GgmlType type, const LinearParams* p, int n) {
 
 Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams* p, int n) {
   Batch b{};
-  for (int i = 0; i < n; ++i) b.p[i] = p[i], b.p[i].prefetch_l2 = l2_prefetch_on();
+  for (int i = 0; i < n; ++i) b.p[i] = p[i];
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   switch (type) {
     case GgmlType::kQ2_K: return launch_rows<GemvK, GgmlType::kQ2_K>(p[0].rows, p[0].cols, n, st, b);
@@ -510,7 +480,6 @@ Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_b
   ExpertBatch b{LinearParams{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
                              static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16},
                 ids, expert_bytes, x_stride, y_stride};
-  b.p.prefetch_l2 = l2_prefetch_on();
   const uintptr_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;
   if (!decode_gemv_applies(w.type, &b.p, 1) || expert_bytes % static_cast<int64_t>(w_align) != 0 || x_stride % 4 != 0) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_cuda: no decode GEMV for ", t.name, " at this alignment"));
@@ -557,7 +526,6 @@ Status linear_experts_q8_cuda(const ExecCtx& ctx, const Weight& w, int64_t exper
   ExpertBatchQ8 b{LinearParams{w.data, nullptr, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
                                static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16},
                   ids, expert_bytes, y_stride, one_x ? 0 : w.cols, x};
-  b.p.prefetch_l2 = l2_prefetch_on();
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (w.type == GgmlType::kQ2_K) return launch_rows<ExpertQ8K, GgmlType::kQ2_K>(w.rows, w.cols, n, st, b);
   return launch_rows<ExpertQ8K, GgmlType::kQ3_K>(w.rows, w.cols, n, st, b);

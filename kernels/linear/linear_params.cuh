@@ -20,7 +20,6 @@ struct LinearParams {
   int64_t rows, cols, row_bytes, n_tok;
   int block_elems, block_bytes;
   bool round_bf16;
-  bool prefetch_l2 = false;  // decode GEMVs: ask L2 for a warp's rows first (gemv.cu)
 };
 
 // The decode GEMVs (one token, Q2_K / Q3_K / Q4_K / Q6_K, gemv.cu): whether they take these
