@@ -25,5 +25,6 @@ Status linear_experts_q8_cuda(const ExecCtx&, const Weight&, int64_t, const int3
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 bool linear_experts_q8_supported(const Weight&, int64_t) { return false; }
+bool gemv_mma_on() { return false; }
 
 }  // namespace dsflash::kernels

@@ -449,7 +449,9 @@ Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams*
   switch (type) {
     case GgmlType::kQ2_K: return launch_rows<GemvK, GgmlType::kQ2_K>(p[0].rows, p[0].cols, n, st, b);
     case GgmlType::kQ3_K: return launch_rows<GemvK, GgmlType::kQ3_K>(p[0].rows, p[0].cols, n, st, b);
-    case GgmlType::kQ4_K: return launch_rows<GemvK, GgmlType::kQ4_K>(p[0].rows, p[0].cols, n, st, b);
+    case GgmlType::kQ4_K:
+      if (gemv_mma_on()) return launch_q4k_mma(ctx, p, n);
+      return launch_rows<GemvK, GgmlType::kQ4_K>(p[0].rows, p[0].cols, n, st, b);
     case GgmlType::kQ6_K: return launch_rows<GemvK, GgmlType::kQ6_K>(p[0].rows, p[0].cols, n, st, b);
     default: return absl::InternalError("launch_decode_gemv: unsupported type");
   }

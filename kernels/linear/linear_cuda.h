@@ -53,4 +53,9 @@ Status linear_experts_q8_cuda(const ExecCtx& ctx, const Weight& w, int64_t exper
                               OutRound round = OutRound::kBf16);
 bool linear_experts_q8_supported(const Weight& w, int64_t expert_bytes);
 
+// Whether the Q4_K decode GEMVs run on the integer tensor cores (x as four exact radix-128
+// digits, fp32 accuracy; linear/gemv_mma.cu); DSF_GEMV_MMA=0 keeps the fp32 kernels, for
+// measurement.
+bool gemv_mma_on();
+
 }  // namespace dsflash::kernels

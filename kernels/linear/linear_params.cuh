@@ -28,4 +28,8 @@ constexpr int kMaxGemvBatch = 16;  // == kMaxLinearBatch (linear_cuda.h)
 bool decode_gemv_applies(quant::GgmlType type, const LinearParams* p, int n);
 Status launch_decode_gemv(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n);
 
+// The Q4_K decode GEMV on the integer tensor cores (gemv_mma.cu), for products
+// decode_gemv_applies takes; launch_decode_gemv uses it while gemv_mma_on() (linear_cuda.h).
+Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n);
+
 }  // namespace dsflash::kernels

@@ -246,6 +246,67 @@ TEST_P(LinearCuda, ExpertsOnEightBitActivationsStayNearTheCpu) {
   }
 }
 
+// The decode GEMVs on the integer tensor cores (gemv_mma.cu) split x into exact radix-128
+// digits, so they keep fp32 accuracy where 8-bit x would not (NMSE ~1e-5): x spanning six
+// decades, three products in one launch (two sharing an x), row counts that end mid-group,
+// column counts of 1, 5 and 20 blocks (1, 4 and 8 warps per row group). A NaN in x reaches
+// every row, as on the CPU.
+TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
+  const GgmlType type = GetParam();
+  if (type != GgmlType::kQ4_K) GTEST_SKIP() << "Q4_K only";
+  if (!gemv_mma_on()) GTEST_SKIP() << "DSF_GEMV_MMA=0";
+  for (const int64_t K : {256, 1280, 5120}) {
+    for (const int64_t N : {1, 17, 1031}) {
+      std::mt19937 rng(101 + static_cast<int>(K + N));
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::uniform_real_distribution<float> decade(-3.0f, 3.0f);
+      const int n = 3;
+      const uint64_t rb = *quant::row_bytes(type, K);
+      std::vector<float> wf(static_cast<size_t>(K * N * n)), x(static_cast<size_t>(K * 2));
+      for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+      for (float& v : x) v = quant::round_bf16(nd(rng) * std::pow(10.0f, decade(rng)));
+      std::vector<uint8_t> bytes(rb * N * n);
+      ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N * n).ok());
+      uint8_t* dw = to_device(bytes);
+      float* dx = to_device(x);
+      float* dy = to_device(std::vector<float>(N * n, std::nanf("")));
+      const int xs[n] = {0, 1, 0};  // products 0 and 2 share x 0
+      std::vector<LinearJob> jobs;
+      for (int k = 0; k < n; ++k) jobs.push_back({Weight{type, K, N, dw + k * rb * N, rb}, dx + xs[k] * K, dy + k * N});
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+      ASSERT_TRUE(linear_batch_cuda(ExecCtx{Backend::kCuda, s}, jobs.data(), n, OutRound::kF32).ok());
+      std::vector<float> got(N * n);
+      ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      for (int k = 0; k < n; ++k) {
+        std::vector<float> ref(N);
+        linear(Weight{type, K, N, bytes.data() + k * rb * N, rb}, x.data() + xs[k] * K, 1, ref.data(), OutRound::kF32);
+        double err = 0, norm = 0;
+        for (int64_t i = 0; i < N; ++i) {
+          err += (got[k * N + i] - ref[i]) * (got[k * N + i] - ref[i]);
+          norm += static_cast<double>(ref[i]) * ref[i];
+        }
+        EXPECT_LT(err / norm, 1e-10) << "K=" << K << " N=" << N << " product " << k;
+        if (K == 5120 && N == 1031) std::printf("K=%lld N=%lld product %d: NMSE %.2e vs the CPU\n", static_cast<long long>(K),
+                                                static_cast<long long>(N), k, err / norm);
+      }
+      // A NaN in x 1's last block: product 1 is NaN on every row, the others stay finite.
+      const float nan = std::nanf("");
+      ASSERT_EQ(cudaMemcpy(dx + 2 * K - 3, &nan, 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_TRUE(linear_batch_cuda(ExecCtx{Backend::kCuda, s}, jobs.data(), n, OutRound::kF32).ok());
+      ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      for (int64_t i = 0; i < N; ++i) {
+        EXPECT_TRUE(std::isnan(got[N + i])) << "row " << i;
+        EXPECT_TRUE(std::isfinite(got[i]) && std::isfinite(got[2 * N + i])) << "row " << i;
+      }
+      cudaStreamDestroy(s);
+      for (void* p : std::initializer_list<void*>{dw, dx, dy}) cudaFree(p);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,
                          ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
                                            GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ6_K,
