@@ -51,12 +51,13 @@ __global__ void __launch_bounds__(kWarps * 32) xdigits_kernel(const __grid_const
   const float4 u = x4[0], w = x4[1];
   const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
   float amax = 0.0f;
+  bool lane_finite = true;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i])), lane_finite = lane_finite && isfinite(v[i]);
   for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  // S = 2^(e - 5) puts max|x| / S in [32, 64): q0 within [-64, 64]. A non-finite x makes S
-  // non-finite, so the products are too (as the CPU's).
-  const bool finite = isfinite(amax);
+  // S = 2^(e - 5) puts max|x| / S in [32, 64): q0 within [-64, 64]. A NaN or infinity in the
+  // block makes S NaN (fmaxf skips NaN, hence the vote), so every row's product is NaN.
+  const bool finite = __all_sync(0xffffffffu, lane_finite);
   const int e = amax > 0.0f && finite ? ilogbf(amax) : 0;
   uint32_t words[kDigits][2] = {};
   int sums[kDigits] = {};
@@ -81,7 +82,7 @@ __global__ void __launch_bounds__(kWarps * 32) xdigits_kernel(const __grid_const
     s += __shfl_xor_sync(0xffffffffu, s, 2);
     if ((lane & 3) == 0) out.dsum[(base * kDigits + j) * 8 + lane / 4] = s;
   }
-  if (lane == 0) out.scale[base] = finite ? ldexpf(1.0f, e - 5) : amax;
+  if (lane == 0) out.scale[base] = finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);
 }
 
 struct MmaBatch {
