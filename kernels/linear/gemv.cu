@@ -450,17 +450,18 @@ Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams*
     case GgmlType::kQ2_K: return launch_rows<GemvK, GgmlType::kQ2_K>(p[0].rows, p[0].cols, n, st, b);
     case GgmlType::kQ3_K: return launch_rows<GemvK, GgmlType::kQ3_K>(p[0].rows, p[0].cols, n, st, b);
     case GgmlType::kQ4_K:
-      if (gemv_mma_on()) return launch_q4k_mma(ctx, p, n);
+      if (gemv_mma_applies(p, n)) return launch_q4k_mma(ctx, p, n);
       return launch_rows<GemvK, GgmlType::kQ4_K>(p[0].rows, p[0].cols, n, st, b);
     case GgmlType::kQ6_K: return launch_rows<GemvK, GgmlType::kQ6_K>(p[0].rows, p[0].cols, n, st, b);
     default: return absl::InternalError("launch_decode_gemv: unsupported type");
   }
 }
 
-Status linear_batch_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round) {
-  if (n <= 0) return absl::OkStatus();
-  if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_batch_cuda needs a CUDA context");
-  LinearParams p[kMaxGemvBatch];
+namespace {
+
+// The jobs as decode GEMV products (all n when they fit one launch: same type, shape and
+// alignment), or 0.
+int gemv_params(const LinearJob* jobs, int n, OutRound round, LinearParams (&p)[kMaxGemvBatch]) {
   const int m = n <= kMaxGemvBatch ? n : 0;
   for (int i = 0; i < m; ++i) {
     const Weight& w = jobs[i].w;
@@ -470,9 +471,28 @@ Status linear_batch_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRo
   }
   bool same_type = true;
   for (int i = 1; i < m; ++i) same_type = same_type && jobs[i].w.type == jobs[0].w.type;
-  if (m > 0 && same_type && decode_gemv_applies(jobs[0].w.type, p, m)) return launch_decode_gemv(ctx, jobs[0].w.type, p, m);
+  return m > 0 && same_type && decode_gemv_applies(jobs[0].w.type, p, m) ? m : 0;
+}
+
+}  // namespace
+
+Status linear_batch_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round) {
+  if (n <= 0) return absl::OkStatus();
+  if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_batch_cuda needs a CUDA context");
+  LinearParams p[kMaxGemvBatch];
+  if (gemv_params(jobs, n, round, p) == n) return launch_decode_gemv(ctx, jobs[0].w.type, p, n);
   for (int i = 0; i < n; ++i) RETURN_IF_ERROR(linear_cuda(ctx, jobs[i].w, jobs[i].x, 1, jobs[i].y, round));
   return absl::OkStatus();
+}
+
+Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round) {
+  if (n <= 0) return absl::OkStatus();
+  if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_batch_mma_cuda needs a CUDA context");
+  LinearParams p[kMaxGemvBatch];
+  if (jobs[0].w.type != GgmlType::kQ4_K || gemv_params(jobs, n, round, p) != n) {
+    return absl::UnimplementedError("linear_batch_mma_cuda: Q4_K decode products of one shape only");
+  }
+  return launch_q4k_mma(ctx, p, n);
 }
 
 Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,

@@ -102,30 +102,33 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, ui
 __device__ __forceinline__ uint32_t nibbles(uint32_t w, int hi) { return (hi ? w >> 4 : w) & 0x0f0f0f0fu; }
 __device__ __forceinline__ int byte_of(uint32_t w, int k) { return static_cast<int>((w >> (8 * k)) & 0xffu); }
 
-// A Q4_K row's eight 6-bit scales and mins (sub-blocks 0..3 in lo, 4..7 in hi), as bytes.
-struct Q4KScales {
-  __device__ __forceinline__ explicit Q4KScales(const uint8_t* blk) {
-    const uint32_t* s = reinterpret_cast<const uint32_t*>(blk + 4);
-    const uint32_t w0 = s[0], w1 = s[1], w2 = s[2];
-    sc_lo = w0 & 0x3f3f3f3fu;
-    m_lo = w1 & 0x3f3f3f3fu;
-    sc_hi = (w2 & 0x0f0f0f0fu) | ((w0 >> 2) & 0x30303030u);
-    m_hi = ((w2 >> 4) & 0x0f0f0f0fu) | ((w1 >> 2) & 0x30303030u);
+// A Q4_K block's header (one 16-byte load): d, dmin, and the eight 6-bit scales and mins
+// (sub-blocks 0..3 in lo, 4..7 in hi) as bytes.
+struct Q4KHeader {
+  __device__ __forceinline__ explicit Q4KHeader(const uint8_t* blk) {
+    const uint4 h = *reinterpret_cast<const uint4*>(blk);
+    d = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x & 0xffffu)));
+    dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x >> 16)));
+    sc_lo = h.y & 0x3f3f3f3fu;
+    m_lo = h.z & 0x3f3f3f3fu;
+    sc_hi = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+    m_hi = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
   }
   __device__ __forceinline__ int sc(int s) const { return byte_of(s < 4 ? sc_lo : sc_hi, s % 4); }
   __device__ __forceinline__ int m(int s) const { return byte_of(s < 4 ? m_lo : m_hi, s % 4); }
+  float d, dmin;
   uint32_t sc_lo, m_lo, sc_hi, m_hi;
 };
 
 // Q4_K. A warp takes 16 rows (lane (g, t): rows g and g + 8) and every kSlices-th block; a
-// CTA holds kWarps / kSlices such row groups. Per block and sub-block s = 2c + h (columns
+// CTA holds kCtaWarps / kSlices such row groups. Per block and sub-block s = 2c + h (columns
 // 32s + i, codes in nibble h of qs[32c + i]), lane t holds codes i = 8t .. 8t + 7 of its rows
 // (one 8-byte load per row and c) as A's k = 4t.. and 16 + 4t.., and digit g of the same x
 // columns as B's column g (lanes g >= 4: zero). The int32 result's columns 2t, 2t + 1 are
 // digits 2t, 2t + 1 (t < 2).
-template <int kSlices>
-__global__ void __launch_bounds__(kWarps * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
-  constexpr int kGroups = kWarps / kSlices;
+template <int kSlices, int kCtaWarps = (kSlices > kWarps ? kSlices : kWarps)>
+__global__ void __launch_bounds__(kCtaWarps * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
+  constexpr int kGroups = kCtaWarps / kSlices;
   const LinearParams& p = b.p[blockIdx.y];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int slice = warp % kSlices;
@@ -140,7 +143,7 @@ __global__ void __launch_bounds__(kWarps * 32) q4k_mma_kernel(const __grid_const
     const uint8_t* ba = row_a + blk * kBlockBytesQ4K;
     const uint8_t* bb = row_b + blk * kBlockBytesQ4K;
     const int8_t* xq = b.x.q + (xb + blk) * kDigits * 256;
-    const Q4KScales sa(ba), sb(bb);
+    const Q4KHeader sa(ba), sb(bb);
     int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -178,15 +181,15 @@ __global__ void __launch_bounds__(kWarps * 32) q4k_mma_kernel(const __grid_const
     const float fb = static_cast<float>(vb0) * w0 + static_cast<float>(vb1) * w1;
     const float ga = static_cast<float>(ma0) * w0 + static_cast<float>(ma1) * w1;
     const float gb = static_cast<float>(mb0) * w0 + static_cast<float>(mb1) * w1;
-    acc_a += S * (half_at(ba) * fa - half_at(ba + 2) * ga);
-    acc_b += S * (half_at(bb) * fb - half_at(bb + 2) * gb);
+    acc_a += S * (sa.d * fa - sa.dmin * ga);
+    acc_b += S * (sb.d * fb - sb.dmin * gb);
   }
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 2);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 2);
   // The slices of a row group, summed in slice order.
-  __shared__ float part[kWarps][16];
+  __shared__ float part[kCtaWarps][16];
   if (t == 0) part[warp][g] = acc_a, part[warp][g + 8] = acc_b;
   __syncthreads();
   if (slice != 0 || lane >= 16) return;
@@ -198,29 +201,41 @@ __global__ void __launch_bounds__(kWarps * 32) q4k_mma_kernel(const __grid_const
 
 template <int kSlices>
 Status launch_q4k_slices(const MmaBatch& b, int n, cudaStream_t st) {
-  const int64_t groups = (b.p[0].rows + 15) / 16, per_cta = kWarps / kSlices;
+  constexpr int kCtaWarps = kSlices > kWarps ? kSlices : kWarps;
+  const int64_t groups = (b.p[0].rows + 15) / 16, per_cta = kCtaWarps / kSlices;
   return cuda::launch(q4k_mma_kernel<kSlices>,
                       cuda::LaunchParams{dim3(static_cast<unsigned>((groups + per_cta - 1) / per_cta), static_cast<unsigned>(n)),
-                                         dim3(kWarps * 32), 0, st},
+                                         dim3(kCtaWarps * 32), 0, st},
                       b);
 }
 
-// Warps per row group: up to 8, never more than the blocks a row has.
+// Warps per row group: the largest power of two up to 16 that leaves each a block or more
+// (a row's blocks are summed over them in one CTA).
 Status launch_q4k(const MmaBatch& b, int n, cudaStream_t st) {
+  if (b.n_blocks >= 16) return launch_q4k_slices<16>(b, n, st);
   if (b.n_blocks >= 8) return launch_q4k_slices<8>(b, n, st);
   if (b.n_blocks >= 4) return launch_q4k_slices<4>(b, n, st);
   if (b.n_blocks >= 2) return launch_q4k_slices<2>(b, n, st);
   return launch_q4k_slices<1>(b, n, st);
 }
 
+int mma_mode() {
+  static const int mode = [] {
+    const char* e = std::getenv("DSF_GEMV_MMA");
+    return e == nullptr ? 1 : std::atoi(e);
+  }();
+  return mode;
+}
+
 }  // namespace
 
-bool gemv_mma_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("DSF_GEMV_MMA");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
-  return on;
+bool gemv_mma_on() { return mma_mode() != 0; }
+
+// Below ~4k (16-row group, block) pairs a launch the fp32 kernels finish first: the digits'
+// extra launch and a GPU not yet full (H200: q_a 5120 -> 1280, kv 5120 -> 512, 2304 -> 5120).
+bool gemv_mma_applies(const LinearParams* p, int n) {
+  if (mma_mode() == 0) return false;
+  return mma_mode() == 2 || (p[0].rows + 15) / 16 * (p[0].cols / 256) * n >= 4096;
 }
 
 Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {

@@ -53,9 +53,13 @@ Status linear_experts_q8_cuda(const ExecCtx& ctx, const Weight& w, int64_t exper
                               OutRound round = OutRound::kBf16);
 bool linear_experts_q8_supported(const Weight& w, int64_t expert_bytes);
 
-// Whether the Q4_K decode GEMVs run on the integer tensor cores (x as four exact radix-128
-// digits, fp32 accuracy; linear/gemv_mma.cu); DSF_GEMV_MMA=0 keeps the fp32 kernels, for
-// measurement.
+// As linear_batch_cuda on the integer tensor cores whatever the size (linear_batch_cuda takes
+// them for large products only): Q4_K, one token, aligned; else Unimplemented.
+Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round = OutRound::kBf16);
+
+// Whether the large Q4_K decode GEMVs run on the integer tensor cores (x as four exact
+// radix-128 digits, fp32 accuracy; linear/gemv_mma.cu). For measurement, DSF_GEMV_MMA=0 keeps
+// the fp32 kernels and DSF_GEMV_MMA=2 takes the tensor cores for every size.
 bool gemv_mma_on();
 
 }  // namespace dsflash::kernels

