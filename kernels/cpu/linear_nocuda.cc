@@ -26,6 +26,10 @@ Status linear_experts_q8_cuda(const ExecCtx&, const Weight&, int64_t, const int3
 }
 bool linear_experts_q8_supported(const Weight&, int64_t) { return false; }
 bool gemv_mma_on() { return false; }
+Status linear_experts_mma_cuda(const ExecCtx&, const Weight&, int64_t, const int32_t*, int, const float*, int64_t, float*,
+                               int64_t, OutRound) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
 Status linear_batch_mma_cuda(const ExecCtx&, const LinearJob*, int, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

@@ -495,8 +495,12 @@ Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, O
   return launch_q4k_mma(ctx, p, n);
 }
 
-Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
-                           const float* x, int64_t x_stride, float* y, int64_t y_stride, OutRound round) {
+namespace {
+
+// linear_experts_cuda; mma: 0 the fp32 kernels, 1 the tensor cores where they pay
+// (experts_mma_applies), 2 the tensor cores (Q2_K only).
+Status experts_gemv(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n, const float* x,
+                    int64_t x_stride, float* y, int64_t y_stride, OutRound round, int mma) {
   if (n <= 0) return absl::OkStatus();
   const quant::TypeTraits& t = quant::traits(w.type);
   ExpertBatch b{LinearParams{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
@@ -506,6 +510,14 @@ Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_b
   if (!decode_gemv_applies(w.type, &b.p, 1) || expert_bytes % static_cast<int64_t>(w_align) != 0 || x_stride % 4 != 0) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_cuda: no decode GEMV for ", t.name, " at this alignment"));
   }
+  // The tensor-core Q2_K GEMV reads words: blocks 4-byte aligned.
+  const bool words = reinterpret_cast<uintptr_t>(w.data) % 4 == 0 && expert_bytes % 4 == 0;
+  if (mma == 2 || (mma == 1 && experts_mma_applies(w.type, w.rows, w.cols, n))) {
+    if (w.type != GgmlType::kQ2_K || !words || n > kMaxGemvBatch) {
+      return absl::UnimplementedError(absl::StrCat("linear_experts_mma_cuda: no tensor-core GEMV for ", t.name, " here"));
+    }
+    return launch_q2k_experts_mma(ctx, b.p, ids, expert_bytes, n, x_stride, y_stride);
+  }
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   switch (w.type) {
     case GgmlType::kQ2_K: return launch_rows<ExpertK, GgmlType::kQ2_K>(w.rows, w.cols, n, st, b);
@@ -513,6 +525,19 @@ Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_b
     case GgmlType::kQ4_K: return launch_rows<ExpertK, GgmlType::kQ4_K>(w.rows, w.cols, n, st, b);
     default: return launch_rows<ExpertK, GgmlType::kQ6_K>(w.rows, w.cols, n, st, b);
   }
+}
+
+}  // namespace
+
+Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
+                           const float* x, int64_t x_stride, float* y, int64_t y_stride, OutRound round) {
+  const bool words = reinterpret_cast<uintptr_t>(w.data) % 4 == 0 && expert_bytes % 4 == 0;
+  return experts_gemv(ctx, w, expert_bytes, ids, n, x, x_stride, y, y_stride, round, words && n <= kMaxGemvBatch ? 1 : 0);
+}
+
+Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
+                               const float* x, int64_t x_stride, float* y, int64_t y_stride, OutRound round) {
+  return experts_gemv(ctx, w, expert_bytes, ids, n, x, x_stride, y, y_stride, round, 2);
 }
 
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {

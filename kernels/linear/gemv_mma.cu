@@ -29,12 +29,13 @@ using namespace dsflash::kernels::cuda;
 constexpr int kDigits = 4;
 constexpr int kBlockBytesQ4K = 144;
 
-// x of each distinct input as digits: per 256-column block (product-major), 4 x 256 digit
-// bytes, the digits' sums per 32-column sub-block, and S.
+// x of each distinct input as digits: per 256-column block (input-major), 4 x 256 digit
+// bytes, the digits' sums per 32- and per 16-column sub-block (the K-quants' mins), and S.
 struct XDigits {
-  int8_t* q;      // [block][digit][256]
-  int32_t* dsum;  // [block][digit][8]
-  float* scale;   // [block]
+  int8_t* q;        // [block][digit][256]
+  int32_t* dsum32;  // [block][digit][8]
+  int32_t* dsum16;  // [block][digit][16]
+  float* scale;     // [block]
 };
 
 struct XInputs {
@@ -77,20 +78,13 @@ __global__ void __launch_bounds__(kWarps * 32) xdigits_kernel(const __grid_const
 #pragma unroll
   for (int j = 0; j < kDigits; ++j) {
     *reinterpret_cast<uint2*>(out.q + (base * kDigits + j) * 256 + 8 * lane) = make_uint2(words[j][0], words[j][1]);
-    int s = sums[j];  // the sub-block's four lanes
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    if ((lane & 3) == 0) out.dsum[(base * kDigits + j) * 8 + lane / 4] = s;
+    int s = sums[j] + __shfl_xor_sync(0xffffffffu, sums[j], 1);  // 16 columns: two lanes
+    if ((lane & 1) == 0) out.dsum16[(base * kDigits + j) * 16 + lane / 2] = s;
+    s += __shfl_xor_sync(0xffffffffu, s, 2);  // 32 columns: four lanes
+    if ((lane & 3) == 0) out.dsum32[(base * kDigits + j) * 8 + lane / 4] = s;
   }
   if (lane == 0) out.scale[base] = finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);
 }
-
-struct MmaBatch {
-  LinearParams p[kMaxGemvBatch];
-  int xi[kMaxGemvBatch];  // product -> its input's index in x
-  XDigits x;
-  int64_t n_blocks;
-};
 
 __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b) {
   asm volatile(
@@ -101,96 +95,47 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, ui
 
 __device__ __forceinline__ uint32_t nibbles(uint32_t w, int hi) { return (hi ? w >> 4 : w) & 0x0f0f0f0fu; }
 __device__ __forceinline__ int byte_of(uint32_t w, int k) { return static_cast<int>((w >> (8 * k)) & 0xffu); }
+__device__ __forceinline__ float half_lo(uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+}
+__device__ __forceinline__ float half_hi(uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
 
-// A Q4_K block's header (one 16-byte load): d, dmin, and the eight 6-bit scales and mins
-// (sub-blocks 0..3 in lo, 4..7 in hi) as bytes.
-struct Q4KHeader {
-  __device__ __forceinline__ explicit Q4KHeader(const uint8_t* blk) {
-    const uint4 h = *reinterpret_cast<const uint4*>(blk);
-    d = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x & 0xffffu)));
-    dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(h.x >> 16)));
-    sc_lo = h.y & 0x3f3f3f3fu;
-    m_lo = h.z & 0x3f3f3f3fu;
-    sc_hi = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
-    m_hi = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+// Where a lane works. A warp takes 16 rows (lane (g, t): rows g and g + 8, the mma's A rows)
+// and every kSlices-th block of them; a CTA holds kCtaWarps / kSlices such row groups. B's
+// column g is digit g of x (lanes g >= 4: zero), so the int32 result's columns 2t, 2t + 1 are
+// digits 2t, 2t + 1 (lanes t >= 2: zero); w0, w1 weigh them (128^-digit).
+struct Lane {
+  int g, t;
+  float w0, w1;
+  __device__ __forceinline__ float digits(int v0, int v1) const {
+    return static_cast<float>(v0) * w0 + static_cast<float>(v1) * w1;
   }
-  __device__ __forceinline__ int sc(int s) const { return byte_of(s < 4 ? sc_lo : sc_hi, s % 4); }
-  __device__ __forceinline__ int m(int s) const { return byte_of(s < 4 ? m_lo : m_hi, s % 4); }
-  float d, dmin;
-  uint32_t sc_lo, m_lo, sc_hi, m_hi;
 };
 
-// Q4_K. A warp takes 16 rows (lane (g, t): rows g and g + 8) and every kSlices-th block; a
-// CTA holds kCtaWarps / kSlices such row groups. Per block and sub-block s = 2c + h (columns
-// 32s + i, codes in nibble h of qs[32c + i]), lane t holds codes i = 8t .. 8t + 7 of its rows
-// (one 8-byte load per row and c) as A's k = 4t.. and 16 + 4t.., and digit g of the same x
-// columns as B's column g (lanes g >= 4: zero). The int32 result's columns 2t, 2t + 1 are
-// digits 2t, 2t + 1 (t < 2).
-template <int kSlices, int kCtaWarps = (kSlices > kWarps ? kSlices : kWarps)>
-__global__ void __launch_bounds__(kCtaWarps * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
+// The rows of a row group: each lane's partial sums (rows g, g + 8) of each block from
+// Block::add; the slices are summed in slice order (shared memory), so the result does not
+// depend on timing.
+template <class Block, int kSlices, int kCtaWarps>
+__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t xb, int64_t n_blocks) {
   constexpr int kGroups = kCtaWarps / kSlices;
-  const LinearParams& p = b.p[blockIdx.y];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int slice = warp % kSlices;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
+  const int t = lane & 3;
+  const Lane ln{lane >> 2, t, t == 0 ? 1.0f : t == 1 ? 0x1p-14f : 0.0f, t == 0 ? 0x1p-7f : t == 1 ? 0x1p-21f : 0.0f};
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kGroups + warp / kSlices) * 16;
-  const int64_t xb = static_cast<int64_t>(b.xi[blockIdx.y]) * b.n_blocks;
-  const uint8_t* row_a = p.w + min(r0 + g, p.rows - 1) * p.row_bytes;
-  const uint8_t* row_b = p.w + min(r0 + g + 8, p.rows - 1) * p.row_bytes;
-  // Weights of digit columns 2t, 2t + 1 (128^-digit; lanes t >= 2 hold zero columns).
-  const float w0 = t == 0 ? 1.0f : t == 1 ? 0x1p-14f : 0.0f, w1 = t == 0 ? 0x1p-7f : t == 1 ? 0x1p-21f : 0.0f;
+  const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
+  const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
-  for (int64_t blk = slice; r0 < p.rows && blk < b.n_blocks; blk += kSlices) {
-    const uint8_t* ba = row_a + blk * kBlockBytesQ4K;
-    const uint8_t* bb = row_b + blk * kBlockBytesQ4K;
-    const int8_t* xq = b.x.q + (xb + blk) * kDigits * 256;
-    const Q4KHeader sa(ba), sb(bb);
-    int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const uint2 qa = *reinterpret_cast<const uint2*>(ba + 16 + 32 * c + 8 * t);
-      const uint2 qb = *reinterpret_cast<const uint2*>(bb + 16 + 32 * c + 8 * t);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int s = 2 * c + h;
-        const uint2 xv = g < kDigits ? __ldg(reinterpret_cast<const uint2*>(xq + g * 256 + 32 * s + 8 * t)) : make_uint2(0, 0);
-        int d[4] = {0, 0, 0, 0};
-        mma_s8(d, nibbles(qa.x, h), nibbles(qb.x, h), nibbles(qa.y, h), nibbles(qb.y, h), xv);
-        va0 += sa.sc(s) * d[0];
-        va1 += sa.sc(s) * d[1];
-        vb0 += sb.sc(s) * d[2];
-        vb1 += sb.sc(s) * d[3];
-      }
-    }
-    // The mins: sum over sub-blocks of m_s times the digit sums of columns 2t, 2t + 1.
-    int ma0 = 0, ma1 = 0, mb0 = 0, mb1 = 0;
-    if (t < 2) {
-      const int4* ds = reinterpret_cast<const int4*>(b.x.dsum + ((xb + blk) * kDigits + 2 * t) * 8);
-      const int4 e0 = __ldg(ds), e1 = __ldg(ds + 1), f0 = __ldg(ds + 2), f1 = __ldg(ds + 3);
-      const int d0[8] = {e0.x, e0.y, e0.z, e0.w, e1.x, e1.y, e1.z, e1.w};
-      const int d1[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        ma0 += sa.m(s) * d0[s];
-        ma1 += sa.m(s) * d1[s];
-        mb0 += sb.m(s) * d0[s];
-        mb1 += sb.m(s) * d1[s];
-      }
-    }
-    const float S = __ldg(b.x.scale + xb + blk);
-    const float fa = static_cast<float>(va0) * w0 + static_cast<float>(va1) * w1;
-    const float fb = static_cast<float>(vb0) * w0 + static_cast<float>(vb1) * w1;
-    const float ga = static_cast<float>(ma0) * w0 + static_cast<float>(ma1) * w1;
-    const float gb = static_cast<float>(mb0) * w0 + static_cast<float>(mb1) * w1;
-    acc_a += S * (sa.d * fa - sa.dmin * ga);
-    acc_b += S * (sb.d * fb - sb.dmin * gb);
+  for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
+    Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, xb + blk, ln, &acc_a, &acc_b);
   }
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 2);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 2);
-  // The slices of a row group, summed in slice order.
   __shared__ float part[kCtaWarps][16];
-  if (t == 0) part[warp][g] = acc_a, part[warp][g + 8] = acc_b;
+  if (ln.t == 0) part[warp][ln.g] = acc_a, part[warp][ln.g + 8] = acc_b;
   __syncthreads();
   if (slice != 0 || lane >= 16) return;
   float y = part[warp][lane];
@@ -199,24 +144,203 @@ __global__ void __launch_bounds__(kCtaWarps * 32) q4k_mma_kernel(const __grid_co
   if (row < p.rows) p.y[row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(y)) : y;
 }
 
+// Q4_K (144-byte blocks: d, dmin, 12 bytes of 6-bit scales and mins, qs[128]). Sub-block
+// s = 2c + h holds columns 32s + i with codes in nibble h of qs[32c + i]; lane t takes
+// i = 8t .. 8t + 7 (one 8-byte load per row and c) as A's k = 4t.. and 16 + 4t.., and the
+// same columns' digit g as B. The 6-bit scales are applied to each sub-block's int32 result.
+struct Q4KBlock {
+  static constexpr int kBytes = 144;
+  struct Header {  // one 16-byte load; scales and mins of sub-blocks 0..3 (lo), 4..7 (hi) as bytes
+    __device__ __forceinline__ explicit Header(const uint8_t* blk) {
+      const uint4 h = *reinterpret_cast<const uint4*>(blk);
+      d = half_lo(h.x), dmin = half_hi(h.x);
+      sc_lo = h.y & 0x3f3f3f3fu, m_lo = h.z & 0x3f3f3f3fu;
+      sc_hi = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+      m_hi = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+    }
+    __device__ __forceinline__ int sc(int s) const { return byte_of(s < 4 ? sc_lo : sc_hi, s % 4); }
+    __device__ __forceinline__ int m(int s) const { return byte_of(s < 4 ? m_lo : m_hi, s % 4); }
+    float d, dmin;
+    uint32_t sc_lo, m_lo, sc_hi, m_hi;
+  };
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    const int8_t* xq = x.q + xblk * kDigits * 256;
+    const Header ha(ba), hb(bb);
+    int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint2 qa = *reinterpret_cast<const uint2*>(ba + 16 + 32 * c + 8 * ln.t);
+      const uint2 qb = *reinterpret_cast<const uint2*>(bb + 16 + 32 * c + 8 * ln.t);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * c + h;
+        const uint2 xv =
+            ln.g < kDigits ? __ldg(reinterpret_cast<const uint2*>(xq + ln.g * 256 + 32 * s + 8 * ln.t)) : make_uint2(0, 0);
+        int d[4] = {0, 0, 0, 0};
+        mma_s8(d, nibbles(qa.x, h), nibbles(qb.x, h), nibbles(qa.y, h), nibbles(qb.y, h), xv);
+        va0 += ha.sc(s) * d[0], va1 += ha.sc(s) * d[1];
+        vb0 += hb.sc(s) * d[2], vb1 += hb.sc(s) * d[3];
+      }
+    }
+    // The mins: sum over sub-blocks of m_s times the digit sums of columns 2t, 2t + 1.
+    int ma0 = 0, ma1 = 0, mb0 = 0, mb1 = 0;
+    if (ln.t < 2) {
+      const int4* ds = reinterpret_cast<const int4*>(x.dsum32 + (xblk * kDigits + 2 * ln.t) * 8);
+      const int4 e0 = __ldg(ds), e1 = __ldg(ds + 1), f0 = __ldg(ds + 2), f1 = __ldg(ds + 3);
+      const int d0[8] = {e0.x, e0.y, e0.z, e0.w, e1.x, e1.y, e1.z, e1.w};
+      const int d1[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        ma0 += ha.m(s) * d0[s], ma1 += ha.m(s) * d1[s];
+        mb0 += hb.m(s) * d0[s], mb1 += hb.m(s) * d1[s];
+      }
+    }
+    const float S = __ldg(x.scale + xblk);
+    *acc_a += S * (ha.d * ln.digits(va0, va1) - ha.dmin * ln.digits(ma0, ma1));
+    *acc_b += S * (hb.d * ln.digits(vb0, vb1) - hb.dmin * ln.digits(mb0, mb1));
+  }
+};
+
+// Q2_K (84-byte blocks, 4-byte aligned: scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin).
+// Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in sub-block 8n + 2j + l / 16; lane t
+// takes l = 8t .. 8t + 7 (two word loads per row and n, for all four j): one sub-block's codes,
+// so its 4-bit scale is folded into A (a packed multiply: code x scale <= 45, no byte carries)
+// and one int32 result gathers the whole block.
+struct Q2KBlock {
+  static constexpr int kBytes = 84;
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    const int8_t* xq = x.q + xblk * kDigits * 256;
+    const uint32_t* sa = reinterpret_cast<const uint32_t*>(ba);
+    const uint32_t* sb = reinterpret_cast<const uint32_t*>(bb);
+    uint32_t sca[4], scb[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sca[k] = sa[k], scb[k] = sb[k];
+    int v[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const uint32_t* qa = reinterpret_cast<const uint32_t*>(ba + 16 + 32 * n + 8 * ln.t);
+      const uint32_t* qb = reinterpret_cast<const uint32_t*>(bb + 16 + 32 * n + 8 * ln.t);
+      const uint32_t qa0 = qa[0], qa1 = qa[1], qb0 = qb[0], qb1 = qb[1];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int s = 8 * n + 2 * j + (ln.t >> 1);
+        const uint32_t fa = static_cast<uint32_t>(byte_of(sca[s / 4], s % 4) & 0xf);
+        const uint32_t fb = static_cast<uint32_t>(byte_of(scb[s / 4], s % 4) & 0xf);
+        const uint2 xv = ln.g < kDigits
+                             ? __ldg(reinterpret_cast<const uint2*>(xq + ln.g * 256 + 128 * n + 32 * j + 8 * ln.t))
+                             : make_uint2(0, 0);
+        mma_s8(v, ((qa0 >> (2 * j)) & 0x03030303u) * fa, ((qb0 >> (2 * j)) & 0x03030303u) * fb,
+               ((qa1 >> (2 * j)) & 0x03030303u) * fa, ((qb1 >> (2 * j)) & 0x03030303u) * fb, xv);
+      }
+    }
+    // The mins: sum over the 16 sub-blocks of m_s times the digit sums of columns 2t, 2t + 1.
+    int ma0 = 0, ma1 = 0, mb0 = 0, mb1 = 0;
+    if (ln.t < 2) {
+      const int4* ds = reinterpret_cast<const int4*>(x.dsum16 + (xblk * kDigits + 2 * ln.t) * 16);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int4 e = __ldg(ds + k), f = __ldg(ds + 4 + k);
+        const int d0[4] = {e.x, e.y, e.z, e.w}, d1[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int m_a = byte_of(sca[k], i) >> 4, m_b = byte_of(scb[k], i) >> 4;
+          ma0 += m_a * d0[i], ma1 += m_a * d1[i];
+          mb0 += m_b * d0[i], mb1 += m_b * d1[i];
+        }
+      }
+    }
+    const uint32_t da = *reinterpret_cast<const uint32_t*>(ba + 80), db = *reinterpret_cast<const uint32_t*>(bb + 80);
+    const float S = __ldg(x.scale + xblk);
+    *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.digits(ma0, ma1));
+    *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.digits(mb0, mb1));
+  }
+};
+
 template <int kSlices>
-Status launch_q4k_slices(const MmaBatch& b, int n, cudaStream_t st) {
-  constexpr int kCtaWarps = kSlices > kWarps ? kSlices : kWarps;
-  const int64_t groups = (b.p[0].rows + 15) / 16, per_cta = kCtaWarps / kSlices;
-  return cuda::launch(q4k_mma_kernel<kSlices>,
-                      cuda::LaunchParams{dim3(static_cast<unsigned>((groups + per_cta - 1) / per_cta), static_cast<unsigned>(n)),
-                                         dim3(kCtaWarps * 32), 0, st},
-                      b);
+__host__ __device__ constexpr int cta_warps() {
+  return kSlices > kWarps ? kSlices : kWarps;
+}
+
+// Products of one shape, each its own weights (blockIdx.y picks one).
+struct MmaBatch {
+  LinearParams p[kMaxGemvBatch];
+  int xi[kMaxGemvBatch];  // product -> its input's index in x
+  XDigits x;
+  int64_t n_blocks;
+};
+
+template <int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
+  mma_rows<Q4KBlock, kSlices, cta_warps<kSlices>()>(b.p[blockIdx.y], b.x, b.xi[blockIdx.y] * b.n_blocks, b.n_blocks);
+}
+
+// Experts chosen on the device: product k is expert ids[k]'s rows on input k (one_x: input 0).
+struct ExpertMma {
+  LinearParams p;  // expert 0's rows, product 0's y
+  const int32_t* ids;
+  int64_t expert_bytes, y_stride;
+  bool one_x;
+  XDigits x;
+  int64_t n_blocks;
+};
+
+template <int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q2k_experts_mma_kernel(const __grid_constant__ ExpertMma b) {
+  LinearParams p = b.p;
+  p.w += static_cast<int64_t>(b.ids[blockIdx.y]) * b.expert_bytes;
+  p.y += blockIdx.y * b.y_stride;
+  mma_rows<Q2KBlock, kSlices, cta_warps<kSlices>()>(p, b.x, (b.one_x ? 0 : blockIdx.y) * b.n_blocks, b.n_blocks);
+}
+
+template <template <int> class K, int kSlices, typename Arg>
+Status launch_slices(int64_t rows, int n, cudaStream_t st, const Arg& arg) {
+  constexpr int kCtaWarps = cta_warps<kSlices>();
+  const int64_t groups = (rows + 15) / 16, per_cta = kCtaWarps / kSlices;
+  return cuda::launch(
+      K<kSlices>::fn,
+      cuda::LaunchParams{dim3(static_cast<unsigned>((groups + per_cta - 1) / per_cta), static_cast<unsigned>(n)),
+                         dim3(kCtaWarps * 32), 0, st},
+      arg);
 }
 
 // Warps per row group: the largest power of two up to 16 that leaves each a block or more
 // (a row's blocks are summed over them in one CTA).
-Status launch_q4k(const MmaBatch& b, int n, cudaStream_t st) {
-  if (b.n_blocks >= 16) return launch_q4k_slices<16>(b, n, st);
-  if (b.n_blocks >= 8) return launch_q4k_slices<8>(b, n, st);
-  if (b.n_blocks >= 4) return launch_q4k_slices<4>(b, n, st);
-  if (b.n_blocks >= 2) return launch_q4k_slices<2>(b, n, st);
-  return launch_q4k_slices<1>(b, n, st);
+template <template <int> class K, typename Arg>
+Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg) {
+  if (n_blocks >= 16) return launch_slices<K, 16>(rows, n, st, arg);
+  if (n_blocks >= 8) return launch_slices<K, 8>(rows, n, st, arg);
+  if (n_blocks >= 4) return launch_slices<K, 4>(rows, n, st, arg);
+  if (n_blocks >= 2) return launch_slices<K, 2>(rows, n, st, arg);
+  return launch_slices<K, 1>(rows, n, st, arg);
+}
+
+template <int kSlices>
+struct Q4KMma {
+  static constexpr auto fn = q4k_mma_kernel<kSlices>;
+};
+template <int kSlices>
+struct Q2KExpertsMma {
+  static constexpr auto fn = q2k_experts_mma_kernel<kSlices>;
+};
+
+// Scratch for the digits of `blocks` blocks (stream-ordered; freed through .q after the GEMV).
+StatusOr<XDigits> alloc_digits(const ExecCtx& ctx, int64_t blocks) {
+  const size_t q = static_cast<size_t>(blocks) * kDigits * 256, s32 = static_cast<size_t>(blocks) * kDigits * 8 * 4,
+               s16 = static_cast<size_t>(blocks) * kDigits * 16 * 4;
+  ASSIGN_OR_RETURN(void* mem, device_alloc(ctx, q + s32 + s16 + static_cast<size_t>(blocks) * 4));
+  char* c = static_cast<char*>(mem);
+  return XDigits{reinterpret_cast<int8_t*>(c), reinterpret_cast<int32_t*>(c + q), reinterpret_cast<int32_t*>(c + q + s32),
+                 reinterpret_cast<float*>(c + q + s32 + s16)};
+}
+
+Status launch_digits(const XInputs& in, int n_x, int64_t n_blocks, const XDigits& out, cudaStream_t st) {
+  return cuda::launch(
+      xdigits_kernel,
+      cuda::LaunchParams{dim3(static_cast<unsigned>((n_blocks + kWarps - 1) / kWarps), static_cast<unsigned>(n_x)),
+                         dim3(kWarps * 32), 0, st},
+      in, n_blocks, out);
 }
 
 int mma_mode() {
@@ -240,8 +364,8 @@ bool gemv_mma_applies(const LinearParams* p, int n) {
 
 Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  const int64_t n_blocks = p[0].cols / 256;
   MmaBatch b{};
+  b.n_blocks = p[0].cols / 256;
   XInputs in{};
   int n_x = 0;
   for (int i = 0; i < n; ++i) {
@@ -251,19 +375,30 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
     if (k == n_x) in.x[n_x++] = p[i].x;
     b.xi[i] = k;
   }
-  const int64_t blocks = n_x * n_blocks;
-  const size_t q_bytes = static_cast<size_t>(blocks) * kDigits * 256, sum_bytes = static_cast<size_t>(blocks) * kDigits * 8 * 4;
-  ASSIGN_OR_RETURN(void* mem, device_alloc(ctx, q_bytes + sum_bytes + static_cast<size_t>(blocks) * 4));
-  b.x = XDigits{static_cast<int8_t*>(mem), reinterpret_cast<int32_t*>(static_cast<char*>(mem) + q_bytes),
-                reinterpret_cast<float*>(static_cast<char*>(mem) + q_bytes + sum_bytes)};
-  b.n_blocks = n_blocks;
-  const Status prep =
-      cuda::launch(xdigits_kernel,
-                   cuda::LaunchParams{dim3(static_cast<unsigned>((n_blocks + kWarps - 1) / kWarps), static_cast<unsigned>(n_x)),
-                                      dim3(kWarps * 32), 0, st},
-                   in, n_blocks, b.x);
-  const Status gemv = prep.ok() ? launch_q4k(b, n, st) : prep;
-  device_free(ctx, mem);  // stream-ordered: after the GEMV
+  ASSIGN_OR_RETURN(b.x, alloc_digits(ctx, n_x * b.n_blocks));
+  const Status prep = launch_digits(in, n_x, b.n_blocks, b.x, st);
+  const Status gemv = prep.ok() ? launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, st, b) : prep;
+  device_free(ctx, b.x.q);  // stream-ordered: after the GEMV
+  return gemv;
+}
+
+bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
+  if (type != quant::GgmlType::kQ2_K || mma_mode() == 0) return false;
+  return mma_mode() == 2 || (rows + 15) / 16 * (cols / 256) * n >= 4096;
+}
+
+Status launch_q2k_experts_mma(const ExecCtx& ctx, const LinearParams& p, const int32_t* ids, int64_t expert_bytes, int n,
+                              int64_t x_stride, int64_t y_stride) {
+  if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_q2k_experts_mma: ", n, " products"));
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  ExpertMma b{p, ids, expert_bytes, y_stride, x_stride == 0, XDigits{}, p.cols / 256};
+  XInputs in{};
+  const int n_x = b.one_x ? 1 : n;
+  for (int i = 0; i < n_x; ++i) in.x[i] = p.x + i * x_stride;
+  ASSIGN_OR_RETURN(b.x, alloc_digits(ctx, n_x * b.n_blocks));
+  const Status prep = launch_digits(in, n_x, b.n_blocks, b.x, st);
+  const Status gemv = prep.ok() ? launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, n, st, b) : prep;
+  device_free(ctx, b.x.q);
   return gemv;
 }
 
