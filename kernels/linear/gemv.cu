@@ -540,6 +540,24 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
   return experts_gemv(ctx, w, expert_bytes, ids, n, x, x_stride, y, y_stride, round, 2);
 }
 
+Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
+                                   int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
+                                   int64_t y_stride, OutRound round) {
+  if (n <= 0) return absl::OkStatus();
+  const bool same = gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
+  const auto words = [](const Weight& w, int64_t bytes) { return reinterpret_cast<uintptr_t>(w.data) % 4 == 0 && bytes % 4 == 0; };
+  if (same && words(gate, gate_bytes) && words(up, up_bytes) && n <= kMaxGemvBatch &&
+      linear_experts_supported(gate, gate_bytes) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+      experts_mma_applies(gate.type, gate.rows, gate.cols, 2 * n)) {
+    const quant::TypeTraits& t = quant::traits(gate.type);
+    const LinearParams p{gate.data, x, y_gate, gate.rows, gate.cols, static_cast<int64_t>(gate.row_bytes), 1,
+                         static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
+    return launch_q2k_experts_mma(ctx, p, ids, gate_bytes, n, 0, y_stride, up.data, y_up, up_bytes);
+  }
+  RETURN_IF_ERROR(linear_experts_cuda(ctx, gate, gate_bytes, ids, n, x, 0, y_gate, y_stride, round));
+  return linear_experts_cuda(ctx, up, up_bytes, ids, n, x, 0, y_up, y_stride, round);
+}
+
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {
   const quant::TypeTraits& t = quant::traits(w.type);
   const LinearParams p{w.data, nullptr, nullptr, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,

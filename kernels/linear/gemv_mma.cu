@@ -277,6 +277,8 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(cons
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on input k (one_x: input 0).
+// With a second weight of the same shape (up beside gate, on one x), products n .. 2n - 1 are
+// its experts ids[0 .. n) into y2.
 struct ExpertMma {
   LinearParams p;  // expert 0's rows, product 0's y
   const int32_t* ids;
@@ -284,14 +286,21 @@ struct ExpertMma {
   bool one_x;
   XDigits x;
   int64_t n_blocks;
+  int n;                      // products per weight
+  const uint8_t* w2;          // the second weight's expert 0, or null
+  float* y2;
+  int64_t expert_bytes2;
 };
 
 template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q2k_experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   LinearParams p = b.p;
-  p.w += static_cast<int64_t>(b.ids[blockIdx.y]) * b.expert_bytes;
-  p.y += blockIdx.y * b.y_stride;
-  mma_rows<Q2KBlock, kSlices, cta_warps<kSlices>()>(p, b.x, (b.one_x ? 0 : blockIdx.y) * b.n_blocks, b.n_blocks);
+  int k = blockIdx.y;
+  int64_t stride = b.expert_bytes;
+  if (k >= b.n) k -= b.n, p.w = b.w2, p.y = b.y2, stride = b.expert_bytes2;
+  p.w += static_cast<int64_t>(b.ids[k]) * stride;
+  p.y += k * b.y_stride;
+  mma_rows<Q2KBlock, kSlices, cta_warps<kSlices>()>(p, b.x, (b.one_x ? 0 : k) * b.n_blocks, b.n_blocks);
 }
 
 template <template <int> class K, int kSlices, typename Arg>
@@ -388,16 +397,18 @@ bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n
 }
 
 Status launch_q2k_experts_mma(const ExecCtx& ctx, const LinearParams& p, const int32_t* ids, int64_t expert_bytes, int n,
-                              int64_t x_stride, int64_t y_stride) {
+                              int64_t x_stride, int64_t y_stride, const uint8_t* w2, float* y2, int64_t expert_bytes2) {
+  const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_q2k_experts_mma: ", n, " products"));
+  if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_q2k_experts_mma: two weights need one x");
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  ExpertMma b{p, ids, expert_bytes, y_stride, x_stride == 0, XDigits{}, p.cols / 256};
+  ExpertMma b{p, ids, expert_bytes, y_stride, x_stride == 0, XDigits{}, p.cols / 256, n, w2, y2, expert_bytes2};
   XInputs in{};
   const int n_x = b.one_x ? 1 : n;
   for (int i = 0; i < n_x; ++i) in.x[i] = p.x + i * x_stride;
   ASSIGN_OR_RETURN(b.x, alloc_digits(ctx, n_x * b.n_blocks));
   const Status prep = launch_digits(in, n_x, b.n_blocks, b.x, st);
-  const Status gemv = prep.ok() ? launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, n, st, b) : prep;
+  const Status gemv = prep.ok() ? launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b) : prep;
   device_free(ctx, b.x.q);
   return gemv;
 }

@@ -63,6 +63,13 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
                                const float* x, int64_t x_stride, float* y, int64_t y_stride,
                                OutRound round = OutRound::kBf16);
 
+// Gate and up of n routed experts on one x (a decode token): y_gate + k y_stride = G_{ids[k]} x
+// and y_up + k y_stride = U_{ids[k]} x, as linear_experts_cuda twice; one launch (and one digit
+// split of x) where the tensor-core GEMV takes them.
+Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
+                                   int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
+                                   int64_t y_stride, OutRound round = OutRound::kBf16);
+
 // Whether the large Q4_K decode GEMVs and Q2_K expert GEMVs run on the integer tensor cores (x as four exact
 // radix-128 digits, fp32 accuracy; linear/gemv_mma.cu). For measurement, DSF_GEMV_MMA=0 keeps
 // the fp32 kernels and DSF_GEMV_MMA=2 takes the tensor cores for every size.

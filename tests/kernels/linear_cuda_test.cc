@@ -361,6 +361,55 @@ TEST_P(LinearCuda, TensorCoreExpertGemvKeepsFp32Accuracy) {
   }
 }
 
+// Gate and up of the routed experts on one x (the decode MoE): one launch on the tensor cores
+// for Q2_K (the released rung type), two of the fp32 kernels otherwise; each against the CPU.
+TEST_P(LinearCuda, ExpertGateAndUpMatchCpu) {
+  const GgmlType type = GetParam();
+  if (type != GgmlType::kQ2_K && type != GgmlType::kQ4_K) GTEST_SKIP() << "Q2_K (tensor cores) and Q4_K (fp32 kernels)";
+  const int64_t K = 5120, N = 2304, E = 8;
+  const int n = 6;
+  const uint64_t rb = *quant::row_bytes(type, K);
+  std::mt19937 rng(307 + static_cast<int>(type));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> wf(static_cast<size_t>(K * N * E)), x(static_cast<size_t>(K));
+  std::vector<uint8_t> gate(rb * N * E), up(rb * N * E);
+  for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+  ASSERT_TRUE(quant::encode_row(type, wf.data(), gate.data(), K * N * E).ok());
+  for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+  ASSERT_TRUE(quant::encode_row(type, wf.data(), up.data(), K * N * E).ok());
+  for (float& v : x) v = quant::round_bf16(nd(rng));
+  const std::vector<int32_t> ids = {7, 0, 3, 3, 5, 1};
+  uint8_t* dg = to_device(gate);
+  uint8_t* du = to_device(up);
+  float* dx = to_device(x);
+  int32_t* di = to_device(ids);
+  float* dyg = to_device(std::vector<float>(N * n, std::nanf("")));
+  float* dyu = to_device(std::vector<float>(N * n, std::nanf("")));
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  const int64_t eb = static_cast<int64_t>(rb * N);
+  ASSERT_TRUE(linear_experts_gate_up_cuda(ExecCtx{Backend::kCuda, s}, Weight{type, K, N, dg, rb}, eb, Weight{type, K, N, du, rb},
+                                          eb, di, n, dx, dyg, dyu, N, OutRound::kF32)
+                  .ok());
+  std::vector<float> got_g(N * n), got_u(N * n);
+  ASSERT_EQ(cudaMemcpyAsync(got_g.data(), dyg, got_g.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(got_u.data(), dyu, got_u.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  for (int k = 0; k < n; ++k) {
+    for (const bool is_up : {false, true}) {
+      std::vector<float> ref(N);
+      linear(Weight{type, K, N, (is_up ? up : gate).data() + ids[k] * eb, rb}, x.data(), 1, ref.data(), OutRound::kF32);
+      const std::vector<float>& got = is_up ? got_u : got_g;
+      for (int64_t i = 0; i < N; ++i) {
+        ASSERT_NEAR(got[k * N + i], ref[i], 1e-5 * std::sqrt(static_cast<double>(K)) * (1 + std::fabs(ref[i])))
+            << (is_up ? "up" : "gate") << " product " << k << " row " << i;
+      }
+    }
+  }
+  cudaStreamDestroy(s);
+  for (void* p : std::initializer_list<void*>{dg, du, dx, di, dyg, dyu}) cudaFree(p);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,
                          ::testing::Values(GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0,
                                            GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ6_K,
