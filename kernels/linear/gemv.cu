@@ -497,8 +497,14 @@ Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, O
 
 namespace {
 
+// The tensor-core expert GEMVs: Q2_K reads words (blocks 4-byte aligned), Q3_K half-words.
+bool experts_mma_aligned(const Weight& w, int64_t expert_bytes) {
+  const uintptr_t a = w.type == GgmlType::kQ2_K ? 4 : w.type == GgmlType::kQ3_K ? 2 : 0;
+  return a != 0 && reinterpret_cast<uintptr_t>(w.data) % a == 0 && expert_bytes % static_cast<int64_t>(a) == 0;
+}
+
 // linear_experts_cuda; mma: 0 the fp32 kernels, 1 the tensor cores where they pay
-// (experts_mma_applies), 2 the tensor cores (Q2_K only).
+// (experts_mma_applies), 2 the tensor cores (Q2_K, Q3_K).
 Status experts_gemv(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n, const float* x,
                     int64_t x_stride, float* y, int64_t y_stride, OutRound round, int mma) {
   if (n <= 0) return absl::OkStatus();
@@ -510,13 +516,11 @@ Status experts_gemv(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, c
   if (!decode_gemv_applies(w.type, &b.p, 1) || expert_bytes % static_cast<int64_t>(w_align) != 0 || x_stride % 4 != 0) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_cuda: no decode GEMV for ", t.name, " at this alignment"));
   }
-  // The tensor-core Q2_K GEMV reads words: blocks 4-byte aligned.
-  const bool words = reinterpret_cast<uintptr_t>(w.data) % 4 == 0 && expert_bytes % 4 == 0;
   if (mma == 2 || (mma == 1 && experts_mma_applies(w.type, w.rows, w.cols, n))) {
-    if (w.type != GgmlType::kQ2_K || !words || n > kMaxGemvBatch) {
+    if (!experts_mma_aligned(w, expert_bytes) || n > kMaxGemvBatch) {
       return absl::UnimplementedError(absl::StrCat("linear_experts_mma_cuda: no tensor-core GEMV for ", t.name, " here"));
     }
-    return launch_q2k_experts_mma(ctx, b.p, ids, expert_bytes, n, x_stride, y_stride);
+    return launch_experts_mma(ctx, w.type, b.p, ids, expert_bytes, n, x_stride, y_stride);
   }
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   switch (w.type) {
@@ -531,8 +535,8 @@ Status experts_gemv(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, c
 
 Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
                            const float* x, int64_t x_stride, float* y, int64_t y_stride, OutRound round) {
-  const bool words = reinterpret_cast<uintptr_t>(w.data) % 4 == 0 && expert_bytes % 4 == 0;
-  return experts_gemv(ctx, w, expert_bytes, ids, n, x, x_stride, y, y_stride, round, words && n <= kMaxGemvBatch ? 1 : 0);
+  const bool mma = experts_mma_aligned(w, expert_bytes) && n <= kMaxGemvBatch;
+  return experts_gemv(ctx, w, expert_bytes, ids, n, x, x_stride, y, y_stride, round, mma ? 1 : 0);
 }
 
 Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
@@ -545,14 +549,13 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
                                    int64_t y_stride, OutRound round) {
   if (n <= 0) return absl::OkStatus();
   const bool same = gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
-  const auto words = [](const Weight& w, int64_t bytes) { return reinterpret_cast<uintptr_t>(w.data) % 4 == 0 && bytes % 4 == 0; };
-  if (same && words(gate, gate_bytes) && words(up, up_bytes) && n <= kMaxGemvBatch &&
+  if (same && experts_mma_aligned(gate, gate_bytes) && experts_mma_aligned(up, up_bytes) && n <= kMaxGemvBatch &&
       linear_experts_supported(gate, gate_bytes) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
       experts_mma_applies(gate.type, gate.rows, gate.cols, 2 * n)) {
     const quant::TypeTraits& t = quant::traits(gate.type);
     const LinearParams p{gate.data, x, y_gate, gate.rows, gate.cols, static_cast<int64_t>(gate.row_bytes), 1,
                          static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
-    return launch_q2k_experts_mma(ctx, p, ids, gate_bytes, n, 0, y_stride, up.data, y_up, up_bytes);
+    return launch_experts_mma(ctx, gate.type, p, ids, gate_bytes, n, 0, y_stride, up.data, y_up, up_bytes);
   }
   RETURN_IF_ERROR(linear_experts_cuda(ctx, gate, gate_bytes, ids, n, x, 0, y_gate, y_stride, round));
   return linear_experts_cuda(ctx, up, up_bytes, ids, n, x, 0, y_up, y_stride, round);

@@ -258,6 +258,82 @@ struct Q2KBlock {
   }
 };
 
+// Q3_K (110-byte blocks, 2-byte aligned: hmask[32], qs[64], 12 bytes of 6-bit scales, d).
+// Column 128n + 32j + l has code c = ((qs[32n + l] >> 2j) & 3) | (bit 4n + j of hmask[l]) << 2
+// in sub-block s = 8n + 2j + l / 16 and value d (u_s - 32)(c - 4), u_s the unsigned 6-bit
+// scale. Lane t takes l = 8t .. 8t + 7 (one sub-block's codes, as Q2_K). (u - 32) c does not
+// fit int8, so u = 8 uh + ul is folded in two parts (uh c, ul c <= 49) and c alone gives the
+// -32: three int32 results per block; the -4 comes from the digits' 16-column sums.
+struct Q3KBlock {
+  static constexpr int kBytes = 110;
+  __device__ __forceinline__ static uint32_t word(const uint8_t* p) {  // two half-word loads
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+    return h[0] | (static_cast<uint32_t>(h[1]) << 16);
+  }
+  struct Row {  // a row's block: its unsigned scales (4 words of 4), codes' words and high bits
+    __device__ __forceinline__ Row(const uint8_t* blk, int t) {
+      const uint32_t w0 = word(blk + 96), w1 = word(blk + 100), w2 = word(blk + 104);
+      const uint32_t lo[4] = {w0 & 0x0f0f0f0fu, w1 & 0x0f0f0f0fu, (w0 >> 4) & 0x0f0f0f0fu, (w1 >> 4) & 0x0f0f0f0fu};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) u[k] = lo[k] | (((w2 >> (2 * k)) & 0x03030303u) << 4);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) q[n][0] = word(blk + 32 + 32 * n + 8 * t), q[n][1] = word(blk + 36 + 32 * n + 8 * t);
+      h[0] = word(blk + 8 * t), h[1] = word(blk + 8 * t + 4);
+      d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
+    }
+    __device__ __forceinline__ int scale(int s) const { return byte_of(u[s / 4], s % 4); }
+    __device__ __forceinline__ uint32_t codes(int n, int j, int w) const {
+      return ((q[n][w] >> (2 * j)) & 0x03030303u) | (((h[w] >> (4 * n + j)) & 0x01010101u) << 2);
+    }
+    uint32_t u[4], q[2][2], h[2];
+    float d;
+  };
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    const int8_t* xq = x.q + xblk * kDigits * 256;
+    const Row ra(ba, ln.t), rb(bb, ln.t);
+    int vh[4] = {0, 0, 0, 0}, vl[4] = {0, 0, 0, 0}, vc[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int s = 8 * n + 2 * j + (ln.t >> 1);
+        const uint32_t ca0 = ra.codes(n, j, 0), ca1 = ra.codes(n, j, 1), cb0 = rb.codes(n, j, 0), cb1 = rb.codes(n, j, 1);
+        const uint32_t ha = static_cast<uint32_t>(ra.scale(s) >> 3), la = static_cast<uint32_t>(ra.scale(s) & 7);
+        const uint32_t hb = static_cast<uint32_t>(rb.scale(s) >> 3), lb = static_cast<uint32_t>(rb.scale(s) & 7);
+        const uint2 xv = ln.g < kDigits
+                             ? __ldg(reinterpret_cast<const uint2*>(xq + ln.g * 256 + 128 * n + 32 * j + 8 * ln.t))
+                             : make_uint2(0, 0);
+        mma_s8(vh, ca0 * ha, cb0 * hb, ca1 * ha, cb1 * hb, xv);
+        mma_s8(vl, ca0 * la, cb0 * lb, ca1 * la, cb1 * lb, xv);
+        mma_s8(vc, ca0, cb0, ca1, cb1, xv);
+      }
+    }
+    // -4 sum over sub-blocks of (u_s - 32) times the digit sums of columns 2t, 2t + 1.
+    int ga0 = 0, ga1 = 0, gb0 = 0, gb1 = 0;
+    if (ln.t < 2) {
+      const int4* ds = reinterpret_cast<const int4*>(x.dsum16 + (xblk * kDigits + 2 * ln.t) * 16);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int4 e = __ldg(ds + k), f = __ldg(ds + 4 + k);
+        const int d0[4] = {e.x, e.y, e.z, e.w}, d1[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int sa = ra.scale(4 * k + i) - 32, sb = rb.scale(4 * k + i) - 32;
+          ga0 += sa * d0[i], ga1 += sa * d1[i];
+          gb0 += sb * d0[i], gb1 += sb * d1[i];
+        }
+      }
+    }
+    const float S = __ldg(x.scale + xblk);
+    const auto total = [](const int (&h)[4], const int (&l)[4], const int (&c)[4], int i, int g) {
+      return 8 * h[i] + l[i] - 32 * c[i] - 4 * g;
+    };
+    *acc_a += S * ra.d * ln.digits(total(vh, vl, vc, 0, ga0), total(vh, vl, vc, 1, ga1));
+    *acc_b += S * rb.d * ln.digits(total(vh, vl, vc, 2, gb0), total(vh, vl, vc, 3, gb1));
+  }
+};
+
 template <int kSlices>
 __host__ __device__ constexpr int cta_warps() {
   return kSlices > kWarps ? kSlices : kWarps;
@@ -292,15 +368,15 @@ struct ExpertMma {
   int64_t expert_bytes2;
 };
 
-template <int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q2k_experts_mma_kernel(const __grid_constant__ ExpertMma b) {
+template <class Block, int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   LinearParams p = b.p;
   int k = blockIdx.y;
   int64_t stride = b.expert_bytes;
   if (k >= b.n) k -= b.n, p.w = b.w2, p.y = b.y2, stride = b.expert_bytes2;
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.y += k * b.y_stride;
-  mma_rows<Q2KBlock, kSlices, cta_warps<kSlices>()>(p, b.x, (b.one_x ? 0 : k) * b.n_blocks, b.n_blocks);
+  mma_rows<Block, kSlices, cta_warps<kSlices>()>(p, b.x, (b.one_x ? 0 : k) * b.n_blocks, b.n_blocks);
 }
 
 template <template <int> class K, int kSlices, typename Arg>
@@ -331,7 +407,11 @@ struct Q4KMma {
 };
 template <int kSlices>
 struct Q2KExpertsMma {
-  static constexpr auto fn = q2k_experts_mma_kernel<kSlices>;
+  static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices>;
+};
+template <int kSlices>
+struct Q3KExpertsMma {
+  static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
 };
 
 // Scratch for the digits of `blocks` blocks (stream-ordered; freed through .q after the GEMV).
@@ -392,15 +472,15 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
-  if (type != quant::GgmlType::kQ2_K || mma_mode() == 0) return false;
+  if ((type != quant::GgmlType::kQ2_K && type != quant::GgmlType::kQ3_K) || mma_mode() == 0) return false;
   return mma_mode() == 2 || (rows + 15) / 16 * (cols / 256) * n >= 4096;
 }
 
-Status launch_q2k_experts_mma(const ExecCtx& ctx, const LinearParams& p, const int32_t* ids, int64_t expert_bytes, int n,
+Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids, int64_t expert_bytes, int n,
                               int64_t x_stride, int64_t y_stride, const uint8_t* w2, float* y2, int64_t expert_bytes2) {
   const int products = w2 != nullptr ? 2 * n : n;
-  if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_q2k_experts_mma: ", n, " products"));
-  if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_q2k_experts_mma: two weights need one x");
+  if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
+  if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   ExpertMma b{p, ids, expert_bytes, y_stride, x_stride == 0, XDigits{}, p.cols / 256, n, w2, y2, expert_bytes2};
   XInputs in{};
@@ -408,7 +488,9 @@ Status launch_q2k_experts_mma(const ExecCtx& ctx, const LinearParams& p, const i
   for (int i = 0; i < n_x; ++i) in.x[i] = p.x + i * x_stride;
   ASSIGN_OR_RETURN(b.x, alloc_digits(ctx, n_x * b.n_blocks));
   const Status prep = launch_digits(in, n_x, b.n_blocks, b.x, st);
-  const Status gemv = prep.ok() ? launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b) : prep;
+  const Status gemv = !prep.ok() ? prep
+                      : type == quant::GgmlType::kQ3_K ? launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b)
+                                                       : launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
   device_free(ctx, b.x.q);
   return gemv;
 }

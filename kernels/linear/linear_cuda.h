@@ -58,7 +58,8 @@ bool linear_experts_q8_supported(const Weight& w, int64_t expert_bytes);
 Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round = OutRound::kBf16);
 
 // As linear_experts_cuda on the integer tensor cores whatever the size (linear_experts_cuda
-// takes them for large launches): Q2_K with 4-byte aligned blocks, n <= 16; else Unimplemented.
+// takes them for large launches): Q2_K (4-byte aligned blocks) and Q3_K, n <= 16; else
+// Unimplemented.
 Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
                                const float* x, int64_t x_stride, float* y, int64_t y_stride,
                                OutRound round = OutRound::kBf16);
@@ -70,7 +71,7 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
                                    int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
                                    int64_t y_stride, OutRound round = OutRound::kBf16);
 
-// Whether the large Q4_K decode GEMVs and Q2_K expert GEMVs run on the integer tensor cores (x as four exact
+// Whether the large Q4_K decode GEMVs and Q2_K / Q3_K expert GEMVs run on the integer tensor cores (x as four exact
 // radix-128 digits, fp32 accuracy; linear/gemv_mma.cu). For measurement, DSF_GEMV_MMA=0 keeps
 // the fp32 kernels and DSF_GEMV_MMA=2 takes the tensor cores for every size.
 bool gemv_mma_on();

@@ -307,11 +307,12 @@ TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
   }
 }
 
-// The routed experts' Q2_K GEMV on the integer tensor cores: experts picked on the device, one
-// x for all products (gate, up) and one x each, x over six decades; fp32 accuracy as above.
+// The routed experts' Q2_K / Q3_K GEMVs on the integer tensor cores: experts picked on the
+// device, one x for all products (gate, up) and one x each (down), x over six decades; fp32
+// accuracy as above.
 TEST_P(LinearCuda, TensorCoreExpertGemvKeepsFp32Accuracy) {
   const GgmlType type = GetParam();
-  if (type != GgmlType::kQ2_K) GTEST_SKIP() << "Q2_K only";
+  if (type != GgmlType::kQ2_K && type != GgmlType::kQ3_K) GTEST_SKIP() << "Q2_K and Q3_K only";
   for (const int64_t K : {256, 1280, 5120}) {
     for (const int64_t N : {17, 2304}) {
       for (const bool one_x : {true, false}) {
