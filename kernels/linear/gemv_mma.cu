@@ -5,9 +5,10 @@
 // step exact in fp32 and |e| <= S 2^-22 <= max|x| 2^-27 (zero for values within 2^9 of the
 // block's largest: their 24 bits are all taken). The weight codes are exact small integers, so
 // `mma.m16n8k32.s8` multiplies 16 rows by the four digits (the B operand's columns 0..3) and
-// sums in int32 without rounding; the sub-block scales are applied in int32 too. Per block and
-// row only the digit sums' conversion and the d / dmin products round (fp32), so a product is
-// as close to the CPU's fp32 one as fp32 summation order allows (linear_cuda_test's bound).
+// sums in int32 without rounding; the sub-block scales and mins are applied in int32 too (Q4_K
+// after each sub-block's mma, Q2_K / Q3_K folded into the codes). Per block and row only the
+// digit sums' conversion and the d / dmin products round (fp32), so a product is as close to the
+// CPU's fp32 one as fp32 summation order allows (NMSE ~2e-13 in linear_cuda_test).
 // What it saves against the fp32 kernels of gemv.cu: x is read once per 16 rows as 8-bit
 // digits instead of once per row as floats (the fp32 Q4_K GEMV of a 1-row-per-warp shape had
 // its L1 pipe 92 % busy), and a code costs a mask instead of a permute, a subtraction and an FMA.
@@ -17,7 +18,6 @@
 #include <string_view>
 
 #include "kernels/cuda/cuda_util.cuh"
-#include "kernels/cuda/ggml_blocks.cuh"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
 
@@ -27,7 +27,6 @@ namespace {
 using namespace dsflash::kernels::cuda;
 
 constexpr int kDigits = 4;
-constexpr int kBlockBytesQ4K = 144;
 
 // x of each distinct input as digits: per 256-column block (input-major), 4 x 256 digit
 // bytes, the digits' sums per 32- and per 16-column sub-block (the K-quants' mins), and S.
