@@ -1,9 +1,8 @@
 // Decode GEMVs (one token) on the integer tensor cores, without rounding x to 8 bits.
 //
 // x is first split, per block of 256 columns, into a power-of-two scale S and four signed
-// radix-128 digits: x = S (q0 + q1 / 128 + q2 / 128^2 + q3 / 128^3) + e, |q| <= 64, with every
-// step exact in fp32 and |e| <= S 2^-22 <= max|x| 2^-27 (zero for values within 2^9 of the
-// block's largest: their 24 bits are all taken). The weight codes are exact small integers, so
+// radix-128 digits (digits.h): x = S (q0 + q1 / 128 + q2 / 128^2 + q3 / 128^3) + e, |q| <= 64,
+// every step exact in fp32, |e| <= max|x| 2^-27 (zero for |x| >= max|x| / 8). The weight codes are exact small integers, so
 // `mma.m16n8k32.s8` multiplies 16 rows by the four digits (the B operand's columns 0..3) and
 // sums in int32 without rounding; the sub-block scales and mins are applied in int32 too (Q4_K
 // after each sub-block's mma, Q2_K / Q3_K folded into the codes). Per block and row only the
@@ -18,6 +17,7 @@
 #include <string_view>
 
 #include "kernels/cuda/cuda_util.cuh"
+#include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
 
@@ -26,7 +26,7 @@ namespace {
 
 using namespace dsflash::kernels::cuda;
 
-constexpr int kDigits = 4;
+using digits::kDigits;
 
 // x of each distinct input as digits: per 256-column block (input-major), 4 x 256 digit
 // bytes, the digits' sums per 32- and per 16-column sub-block (the K-quants' mins), and S.
@@ -58,19 +58,17 @@ __global__ void __launch_bounds__(kWarps * 32) xdigits_kernel(const __grid_const
   // S = 2^(e - 5) puts max|x| / S in [32, 64): q0 within [-64, 64]. A NaN or infinity in the
   // block makes S NaN (fmaxf skips NaN, hence the vote), so every row's product is NaN.
   const bool finite = __all_sync(0xffffffffu, lane_finite);
-  const int e = amax > 0.0f && finite ? ilogbf(amax) : 0;
+  const int e = finite ? digits::scale_exponent(amax) : 0;
   uint32_t words[kDigits][2] = {};
   int sums[kDigits] = {};
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    float r = finite ? ldexpf(v[i], 5 - e) : 0.0f;
+    int q[kDigits];
+    digits::split(finite ? v[i] : 0.0f, e, q);
 #pragma unroll
     for (int j = 0; j < kDigits; ++j) {
-      const float q = rintf(r);
-      r = (r - q) * 128.0f;
-      const int qi = static_cast<int>(q);
-      words[j][i / 4] |= (static_cast<uint32_t>(qi) & 0xffu) << (8 * (i % 4));
-      sums[j] += qi;
+      words[j][i / 4] |= (static_cast<uint32_t>(q[j]) & 0xffu) << (8 * (i % 4));
+      sums[j] += q[j];
     }
   }
   const int64_t base = (static_cast<int64_t>(blockIdx.y) * n_blocks + blk);
