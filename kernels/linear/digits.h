@@ -12,11 +12,7 @@
 
 #include <math.h>
 
-#ifdef __CUDACC__
-#define DSF_HD __host__ __device__
-#else
-#define DSF_HD
-#endif
+#include "kernels/hd.h"
 
 namespace dsflash::kernels::digits {
 
