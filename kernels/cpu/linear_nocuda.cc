@@ -25,7 +25,6 @@ Status linear_experts_q8_cuda(const ExecCtx&, const Weight&, int64_t, const int3
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 bool linear_experts_q8_supported(const Weight&, int64_t) { return false; }
-bool gemv_mma_on() { return false; }
 Status linear_experts_mma_cuda(const ExecCtx&, const Weight&, int64_t, const int32_t*, int, const float*, int64_t, float*,
                                int64_t, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");

@@ -459,16 +459,18 @@ Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams*
 
 namespace {
 
+// One token of W x into y (x, y may be null where only the shape is asked about).
+LinearParams one_token(const Weight& w, const float* x, float* y, OutRound round) {
+  const quant::TypeTraits& t = quant::traits(w.type);
+  return LinearParams{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
+                      static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
+}
+
 // The jobs as decode GEMV products (all n when they fit one launch: same type, shape and
 // alignment), or 0.
 int gemv_params(const LinearJob* jobs, int n, OutRound round, LinearParams (&p)[kMaxGemvBatch]) {
   const int m = n <= kMaxGemvBatch ? n : 0;
-  for (int i = 0; i < m; ++i) {
-    const Weight& w = jobs[i].w;
-    const quant::TypeTraits& t = quant::traits(w.type);
-    p[i] = LinearParams{w.data, jobs[i].x, jobs[i].y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
-                        static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
-  }
+  for (int i = 0; i < m; ++i) p[i] = one_token(jobs[i].w, jobs[i].x, jobs[i].y, round);
   bool same_type = true;
   for (int i = 1; i < m; ++i) same_type = same_type && jobs[i].w.type == jobs[0].w.type;
   return m > 0 && same_type && decode_gemv_applies(jobs[0].w.type, p, m) ? m : 0;
@@ -509,17 +511,16 @@ Status experts_gemv(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, c
                     int64_t x_stride, float* y, int64_t y_stride, OutRound round, int mma) {
   if (n <= 0) return absl::OkStatus();
   const quant::TypeTraits& t = quant::traits(w.type);
-  ExpertBatch b{LinearParams{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
-                             static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16},
-                ids, expert_bytes, x_stride, y_stride};
+  ExpertBatch b{one_token(w, x, y, round), ids, expert_bytes, x_stride, y_stride};
   const uintptr_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;
   if (!decode_gemv_applies(w.type, &b.p, 1) || expert_bytes % static_cast<int64_t>(w_align) != 0 || x_stride % 4 != 0) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_cuda: no decode GEMV for ", t.name, " at this alignment"));
   }
-  if (mma == 2 || (mma == 1 && experts_mma_applies(w.type, w.rows, w.cols, n))) {
-    if (!experts_mma_aligned(w, expert_bytes) || n > kMaxGemvBatch) {
-      return absl::UnimplementedError(absl::StrCat("linear_experts_mma_cuda: no tensor-core GEMV for ", t.name, " here"));
-    }
+  const bool mma_fits = experts_mma_aligned(w, expert_bytes) && n <= kMaxGemvBatch;
+  if (mma == 2 && !mma_fits) {
+    return absl::UnimplementedError(absl::StrCat("linear_experts_mma_cuda: no tensor-core GEMV for ", t.name, " here"));
+  }
+  if (mma_fits && (mma == 2 || (mma == 1 && experts_mma_applies(w.type, w.rows, w.cols, n)))) {
     return launch_experts_mma(ctx, w.type, b.p, ids, expert_bytes, n, x_stride, y_stride);
   }
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
@@ -535,8 +536,7 @@ Status experts_gemv(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, c
 
 Status linear_experts_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
                            const float* x, int64_t x_stride, float* y, int64_t y_stride, OutRound round) {
-  const bool mma = experts_mma_aligned(w, expert_bytes) && n <= kMaxGemvBatch;
-  return experts_gemv(ctx, w, expert_bytes, ids, n, x, x_stride, y, y_stride, round, mma ? 1 : 0);
+  return experts_gemv(ctx, w, expert_bytes, ids, n, x, x_stride, y, y_stride, round, 1);
 }
 
 Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
@@ -552,23 +552,18 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
   if (same && experts_mma_aligned(gate, gate_bytes) && experts_mma_aligned(up, up_bytes) && n <= kMaxGemvBatch &&
       linear_experts_supported(gate, gate_bytes) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
       experts_mma_applies(gate.type, gate.rows, gate.cols, 2 * n)) {
-    const quant::TypeTraits& t = quant::traits(gate.type);
-    const LinearParams p{gate.data, x, y_gate, gate.rows, gate.cols, static_cast<int64_t>(gate.row_bytes), 1,
-                         static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
-    return launch_experts_mma(ctx, gate.type, p, ids, gate_bytes, n, 0, y_stride, up.data, y_up, up_bytes);
+    return launch_experts_mma(ctx, gate.type, one_token(gate, x, y_gate, round), ids, gate_bytes, n, 0, y_stride, up.data,
+                              y_up, up_bytes);
   }
   RETURN_IF_ERROR(linear_experts_cuda(ctx, gate, gate_bytes, ids, n, x, 0, y_gate, y_stride, round));
   return linear_experts_cuda(ctx, up, up_bytes, ids, n, x, 0, y_up, y_stride, round);
 }
 
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {
-  const quant::TypeTraits& t = quant::traits(w.type);
-  const LinearParams p{w.data, nullptr, nullptr, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
-                       static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), false};
+  const LinearParams p = one_token(w, nullptr, nullptr, OutRound::kF32);
   const int64_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;
   return decode_gemv_applies(w.type, &p, 1) && expert_bytes % w_align == 0;
 }
-
 
 Status quantize_act_q8_cuda(const ExecCtx& ctx, const float* x, int64_t cols, int n, int64_t x_stride, ActQ8 out) {
   if (n <= 0) return absl::OkStatus();
@@ -591,9 +586,7 @@ Status linear_experts_q8_cuda(const ExecCtx& ctx, const Weight& w, int64_t exper
   if (!linear_experts_q8_supported(w, expert_bytes)) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_q8_cuda: no 8-bit-activation GEMV for ", t.name));
   }
-  ExpertBatchQ8 b{LinearParams{w.data, nullptr, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
-                               static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16},
-                  ids, expert_bytes, y_stride, one_x ? 0 : w.cols, x};
+  ExpertBatchQ8 b{one_token(w, nullptr, y, round), ids, expert_bytes, y_stride, one_x ? 0 : w.cols, x};
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (w.type == GgmlType::kQ2_K) return launch_rows<ExpertQ8K, GgmlType::kQ2_K>(w.rows, w.cols, n, st, b);
   return launch_rows<ExpertQ8K, GgmlType::kQ3_K>(w.rows, w.cols, n, st, b);

@@ -199,6 +199,28 @@ struct Q4KBlock {
   }
 };
 
+// Lanes t < 2: the sums over the 16 sub-blocks s of wa(s) and wb(s) (rows g, g + 8) times the
+// digit sums of columns 2t, 2t + 1 (the Q2_K mins, the Q3_K scales' offset term); zero on lanes
+// t >= 2, whose columns are zero.
+template <class Wa, class Wb>
+__device__ __forceinline__ void dsum16_dot(const XDigits& x, int64_t xblk, const Lane& ln, Wa wa, Wb wb, int (&a)[2],
+                                           int (&b)[2]) {
+  a[0] = a[1] = b[0] = b[1] = 0;
+  if (ln.t >= 2) return;
+  const int4* ds = reinterpret_cast<const int4*>(x.dsum16 + (xblk * kDigits + 2 * ln.t) * 16);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int4 e = __ldg(ds + k), f = __ldg(ds + 4 + k);
+    const int d0[4] = {e.x, e.y, e.z, e.w}, d1[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int s = 4 * k + i, ws_a = wa(s), ws_b = wb(s);
+      a[0] += ws_a * d0[i], a[1] += ws_a * d1[i];
+      b[0] += ws_b * d0[i], b[1] += ws_b * d1[i];
+    }
+  }
+}
+
 // Q2_K (84-byte blocks, 4-byte aligned: scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin).
 // Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in sub-block 8n + 2j + l / 16; lane t
 // takes l = 8t .. 8t + 7 (two word loads per row and n, for all four j): one sub-block's codes,
@@ -232,26 +254,15 @@ struct Q2KBlock {
                ((qa1 >> (2 * j)) & 0x03030303u) * fa, ((qb1 >> (2 * j)) & 0x03030303u) * fb, xv);
       }
     }
-    // The mins: sum over the 16 sub-blocks of m_s times the digit sums of columns 2t, 2t + 1.
-    int ma0 = 0, ma1 = 0, mb0 = 0, mb1 = 0;
-    if (ln.t < 2) {
-      const int4* ds = reinterpret_cast<const int4*>(x.dsum16 + (xblk * kDigits + 2 * ln.t) * 16);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int4 e = __ldg(ds + k), f = __ldg(ds + 4 + k);
-        const int d0[4] = {e.x, e.y, e.z, e.w}, d1[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int m_a = byte_of(sca[k], i) >> 4, m_b = byte_of(scb[k], i) >> 4;
-          ma0 += m_a * d0[i], ma1 += m_a * d1[i];
-          mb0 += m_b * d0[i], mb1 += m_b * d1[i];
-        }
-      }
-    }
+    // The mins: m_s is the high nibble of scale byte s.
+    int ma[2], mb[2];
+    dsum16_dot(
+        x, xblk, ln, [&](int s) { return byte_of(sca[s / 4], s % 4) >> 4; },
+        [&](int s) { return byte_of(scb[s / 4], s % 4) >> 4; }, ma, mb);
     const uint32_t da = *reinterpret_cast<const uint32_t*>(ba + 80), db = *reinterpret_cast<const uint32_t*>(bb + 80);
     const float S = __ldg(x.scale + xblk);
-    *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.digits(ma0, ma1));
-    *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.digits(mb0, mb1));
+    *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.digits(ma[0], ma[1]));
+    *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.digits(mb[0], mb[1]));
   }
 };
 
@@ -306,28 +317,14 @@ struct Q3KBlock {
         mma_s8(vc, ca0, cb0, ca1, cb1, xv);
       }
     }
-    // -4 sum over sub-blocks of (u_s - 32) times the digit sums of columns 2t, 2t + 1.
-    int ga0 = 0, ga1 = 0, gb0 = 0, gb1 = 0;
-    if (ln.t < 2) {
-      const int4* ds = reinterpret_cast<const int4*>(x.dsum16 + (xblk * kDigits + 2 * ln.t) * 16);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int4 e = __ldg(ds + k), f = __ldg(ds + 4 + k);
-        const int d0[4] = {e.x, e.y, e.z, e.w}, d1[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int sa = ra.scale(4 * k + i) - 32, sb = rb.scale(4 * k + i) - 32;
-          ga0 += sa * d0[i], ga1 += sa * d1[i];
-          gb0 += sb * d0[i], gb1 += sb * d1[i];
-        }
-      }
-    }
+    // The -4 offset: (u_s - 32) times the digit sums.
+    int ga[2], gb[2];
+    dsum16_dot(
+        x, xblk, ln, [&](int s) { return ra.scale(s) - 32; }, [&](int s) { return rb.scale(s) - 32; }, ga, gb);
     const float S = __ldg(x.scale + xblk);
-    const auto total = [](const int (&h)[4], const int (&l)[4], const int (&c)[4], int i, int g) {
-      return 8 * h[i] + l[i] - 32 * c[i] - 4 * g;
-    };
-    *acc_a += S * ra.d * ln.digits(total(vh, vl, vc, 0, ga0), total(vh, vl, vc, 1, ga1));
-    *acc_b += S * rb.d * ln.digits(total(vh, vl, vc, 2, gb0), total(vh, vl, vc, 3, gb1));
+    const auto total = [&](int i, int g) { return 8 * vh[i] + vl[i] - 32 * vc[i] - 4 * g; };
+    *acc_a += S * ra.d * ln.digits(total(0, ga[0]), total(1, ga[1]));
+    *acc_b += S * rb.d * ln.digits(total(2, gb[0]), total(3, gb[1]));
   }
 };
 
@@ -429,6 +426,8 @@ Status launch_digits(const XInputs& in, int n_x, int64_t n_blocks, const XDigits
       in, n_blocks, out);
 }
 
+// DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 2 the tensor cores at every size,
+// else (default 1) where they pay.
 int mma_mode() {
   static const int mode = [] {
     const char* e = std::getenv("DSF_GEMV_MMA");
@@ -437,19 +436,30 @@ int mma_mode() {
   return mode;
 }
 
-}  // namespace
-
-bool gemv_mma_on() { return mma_mode() != 0; }
-
-// Below ~4k (16-row group, block) pairs a launch the fp32 kernels finish first: the digits'
-// extra launch and a GPU not yet full (H200: q_a 5120 -> 1280, kv 5120 -> 512, 2304 -> 5120).
-bool gemv_mma_applies(const LinearParams* p, int n) {
-  if (mma_mode() == 0) return false;
-  return mma_mode() == 2 || (p[0].rows + 15) / 16 * (p[0].cols / 256) * n >= 4096;
+// Whether n products of rows x cols take the tensor cores: below ~4k (16-row group, block)
+// pairs a launch the fp32 kernels finish first (the digits' extra launch, a GPU not yet full;
+// H200: q_a 5120 -> 1280, kv 5120 -> 512, 2304 -> 5120).
+bool mma_pays(int64_t rows, int64_t cols, int n) {
+  return mma_mode() == 2 || (mma_mode() != 0 && (rows + 15) / 16 * (cols / 256) * n >= 4096);
 }
 
-Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
+// Splits the n_x inputs into digits in scratch, runs launch(digits) (the GEMV) and frees the
+// scratch after it (stream-ordered).
+template <class Launch>
+Status on_digits(const ExecCtx& ctx, const XInputs& in, int n_x, int64_t n_blocks, Launch launch) {
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  ASSIGN_OR_RETURN(const XDigits x, alloc_digits(ctx, n_x * n_blocks));
+  const Status prep = launch_digits(in, n_x, n_blocks, x, st);
+  const Status gemv = prep.ok() ? launch(x, st) : prep;
+  device_free(ctx, x.q);
+  return gemv;
+}
+
+}  // namespace
+
+bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows, p[0].cols, n); }
+
+Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
   XInputs in{};
@@ -461,35 +471,31 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
     if (k == n_x) in.x[n_x++] = p[i].x;
     b.xi[i] = k;
   }
-  ASSIGN_OR_RETURN(b.x, alloc_digits(ctx, n_x * b.n_blocks));
-  const Status prep = launch_digits(in, n_x, b.n_blocks, b.x, st);
-  const Status gemv = prep.ok() ? launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, st, b) : prep;
-  device_free(ctx, b.x.q);  // stream-ordered: after the GEMV
-  return gemv;
+  return on_digits(ctx, in, n_x, b.n_blocks, [&](const XDigits& x, cudaStream_t st) {
+    b.x = x;
+    return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, st, b);
+  });
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
-  if ((type != quant::GgmlType::kQ2_K && type != quant::GgmlType::kQ3_K) || mma_mode() == 0) return false;
-  return mma_mode() == 2 || (rows + 15) / 16 * (cols / 256) * n >= 4096;
+  return (type == quant::GgmlType::kQ2_K || type == quant::GgmlType::kQ3_K) && mma_pays(rows, cols, n);
 }
 
-Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids, int64_t expert_bytes, int n,
-                              int64_t x_stride, int64_t y_stride, const uint8_t* w2, float* y2, int64_t expert_bytes2) {
+Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
+                          int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2, float* y2,
+                          int64_t expert_bytes2) {
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   ExpertMma b{p, ids, expert_bytes, y_stride, x_stride == 0, XDigits{}, p.cols / 256, n, w2, y2, expert_bytes2};
   XInputs in{};
   const int n_x = b.one_x ? 1 : n;
   for (int i = 0; i < n_x; ++i) in.x[i] = p.x + i * x_stride;
-  ASSIGN_OR_RETURN(b.x, alloc_digits(ctx, n_x * b.n_blocks));
-  const Status prep = launch_digits(in, n_x, b.n_blocks, b.x, st);
-  const Status gemv = !prep.ok() ? prep
-                      : type == quant::GgmlType::kQ3_K ? launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b)
-                                                       : launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
-  device_free(ctx, b.x.q);
-  return gemv;
+  return on_digits(ctx, in, n_x, b.n_blocks, [&](const XDigits& x, cudaStream_t st) {
+    b.x = x;
+    if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
+    return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
+  });
 }
 
 }  // namespace dsflash::kernels

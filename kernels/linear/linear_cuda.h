@@ -53,6 +53,9 @@ Status linear_experts_q8_cuda(const ExecCtx& ctx, const Weight& w, int64_t exper
                               OutRound round = OutRound::kBf16);
 bool linear_experts_q8_supported(const Weight& w, int64_t expert_bytes);
 
+// The large Q4_K decode GEMVs and Q2_K / Q3_K expert GEMVs run on the integer tensor cores (x
+// as four exact radix-128 digits, fp32 accuracy; linear/gemv_mma.cu); for measurement,
+// DSF_GEMV_MMA=0 keeps the fp32 kernels and DSF_GEMV_MMA=2 takes the tensor cores at every size.
 // As linear_batch_cuda on the integer tensor cores whatever the size (linear_batch_cuda takes
 // them for large products only): Q4_K, one token, aligned; else Unimplemented.
 Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round = OutRound::kBf16);
@@ -70,10 +73,5 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
 Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
                                    int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
                                    int64_t y_stride, OutRound round = OutRound::kBf16);
-
-// Whether the large Q4_K decode GEMVs and Q2_K / Q3_K expert GEMVs run on the integer tensor cores (x as four exact
-// radix-128 digits, fp32 accuracy; linear/gemv_mma.cu). For measurement, DSF_GEMV_MMA=0 keeps
-// the fp32 kernels and DSF_GEMV_MMA=2 takes the tensor cores for every size.
-bool gemv_mma_on();
 
 }  // namespace dsflash::kernels
