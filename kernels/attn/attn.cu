@@ -19,6 +19,7 @@ constexpr int kAttnThreads = 512;
 __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv_a,
                                    int64_t n_a, const float* __restrict__ kv_b, const int32_t* __restrict__ idx, int64_t width, const float* __restrict__ sink,
                                    float scale, float* __restrict__ o) {
+  cuda::await_inputs();
   extern __shared__ float smem[];
   float* qh = smem;       // [Dh]
   float* acc = qh + Dh;   // [Dh]
@@ -88,6 +89,7 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
 
 __global__ void pool_kernel(const float* __restrict__ k, const float* __restrict__ s, int64_t groups, int r,
                             int64_t n, float* __restrict__ latent) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [groups][n]
   if (i >= groups * n) return;
   const int64_t g = i / n, c = i % n;
@@ -108,6 +110,7 @@ constexpr int kScoreWarps = 8;
 __global__ void index_scores_kernel(const float* __restrict__ q, int Hi, int64_t Di, const float* __restrict__ keys,
                                     int64_t n_keys, const float* __restrict__ w, float w_scale, int64_t pos0_value,
                                     const int64_t* pos0_dev, int ratio, float* __restrict__ score) {
+  cuda::await_inputs();
   const int lane = threadIdx.x & 31;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kScoreWarps + (threadIdx.x >> 5);
   const int64_t t = blockIdx.y;
@@ -138,6 +141,7 @@ constexpr int kTopkThreads = 256;
 // then every key above it and the first `need` keys equal to it (lowest indices) are written
 // in index order through two block scans per tile.
 __global__ void topk_kernel(const float* __restrict__ v, int64_t n, int64_t k, int32_t* __restrict__ out) {
+  cuda::await_inputs();
   using Scan = cub::BlockScan<int, kTopkThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint32_t hist[256];
@@ -192,6 +196,7 @@ __global__ void topk_kernel(const float* __restrict__ v, int64_t n, int64_t k, i
 // compress_len - 1 pinned to +inf.
 __global__ void block_max_kernel(const float* __restrict__ score, int64_t n, int64_t nb, int64_t block,
                                  int64_t pos0_value, const int64_t* pos0_dev, int ratio, float* __restrict__ bs) {
+  cuda::await_inputs();
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t t = blockIdx.y;
   if (b >= nb) return;
@@ -204,6 +209,7 @@ __global__ void block_max_kernel(const float* __restrict__ score, int64_t n, int
 
 __global__ void keep_blocks_kernel(const float* __restrict__ bs, const int32_t* __restrict__ chosen, int64_t nb,
                                    int64_t kb, int64_t S, uint8_t* __restrict__ keep) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][kb]
   if (i >= S * kb) return;
   const int64_t t = i / kb, b = chosen[i];
@@ -212,6 +218,7 @@ __global__ void keep_blocks_kernel(const float* __restrict__ bs, const int32_t* 
 
 __global__ void expand_mask_kernel(const uint8_t* __restrict__ keep, int64_t n, int64_t nb, int64_t block, int64_t S,
                                    uint8_t* __restrict__ mask) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][n]
   if (i >= S * n) return;
   const int64_t t = i / n, j = i % n;
@@ -220,6 +227,7 @@ __global__ void expand_mask_kernel(const uint8_t* __restrict__ keep, int64_t n, 
 
 __global__ void window_index_kernel(int64_t pos0_value, const int64_t* pos0_dev, int64_t S, int64_t W, int64_t width,
                                     int32_t* __restrict__ idx, int64_t ld) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][width]
   if (i >= S * width) return;
   const int64_t pos0 = cuda::scalar_value(pos0_value, pos0_dev);
@@ -237,6 +245,7 @@ __global__ void window_index_kernel(int64_t pos0_value, const int64_t* pos0_dev,
 
 __global__ void ring_write_kernel(const float* __restrict__ kv, int64_t pos0_value, const int64_t* pos0_dev, int64_t S,
                                   int64_t first, int64_t W, int64_t Dh, float* __restrict__ ring) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S - first][Dh]
   if (i >= (S - first) * Dh) return;
   const int64_t pos0 = cuda::scalar_value(pos0_value, pos0_dev);
@@ -247,6 +256,7 @@ __global__ void ring_write_kernel(const float* __restrict__ kv, int64_t pos0_val
 __global__ void publish_topk_kernel(const int32_t* __restrict__ top, int64_t S, int64_t k, int64_t pos0_value,
                                     const int64_t* pos0_dev, int ratio, int64_t n_win, int32_t* __restrict__ out,
                                     int64_t ld) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= S * k) return;
   const int64_t t = i / k, visible = (cuda::scalar_value(pos0_value, pos0_dev) + t + 1) / ratio;
@@ -256,6 +266,7 @@ __global__ void publish_topk_kernel(const int32_t* __restrict__ top, int64_t S, 
 
 __global__ void mask_candidates_kernel(float* __restrict__ score, const uint8_t* __restrict__ cand, int64_t S,
                                        int64_t n, int64_t cand_ld) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= S * n) return;
   if (!cand[(i / n) * cand_ld + i % n]) score[i] = -INFINITY;

@@ -28,6 +28,35 @@ __device__ __forceinline__ int64_t scalar_value(int64_t value, const int64_t* de
   return dev != nullptr ? *dev : value;
 }
 
+// Programmatic dependent launch (sm_90 and later; `launch` below asks for it). A kernel may
+// then start while the kernel before it on the stream is still running: everything it does
+// before await_inputs() must touch only memory no earlier kernel writes (its weights), and
+// every thread calls await_inputs() before it reads or writes anything else. await_inputs()
+// returns once the earlier kernels have finished and their writes are visible (a no-op when the
+// kernel was launched without the attribute), then lets the next kernel on the stream start
+// its own prologue. Every kernel launched through `launch` calls it (pdl_sources_test checks the
+// sources).
+__device__ __forceinline__ void await_inputs() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// An L2 prefetch of [begin, begin + bytes) by the CTA's threads, one 128-byte line each per
+// trip: a GEMV's prologue before await_inputs(), so its weights stream in while the kernel
+// before it still runs.
+__device__ __forceinline__ void prefetch_l2(const void* begin, int64_t bytes) {
+  const char* b = static_cast<const char*>(begin);
+  for (int64_t off = static_cast<int64_t>(threadIdx.x) * 128; off < bytes; off += static_cast<int64_t>(blockDim.x) * 128) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(b + off));
+  }
+}
+
+// DSF_PDL, for measurement: 0 plain launches, 1 programmatic dependent launch, 2 (default) that
+// and the GEMVs' weight prefetch before await_inputs().
+int pdl_mode();
+
 // Kernel timing (exec.h set_kernel_timing; kernel_timing.cu): events around each launch.
 bool kernel_timing_on();
 cudaEvent_t kernel_timing_start(cudaStream_t stream);
@@ -38,8 +67,17 @@ template <typename... KArgs, typename... Args>
 Status launch(void (*kernel)(KArgs...), const LaunchParams& p, Args&&... args) {
   if (p.grid.x == 0) return absl::OkStatus();
   cudaEvent_t start = kernel_timing_on() ? kernel_timing_start(p.stream) : nullptr;
-  kernel<<<p.grid, p.block, p.smem, p.stream>>>(std::forward<Args>(args)...);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = p.grid;
+  config.blockDim = p.block;
+  config.dynamicSmemBytes = p.smem;
+  config.stream = p.stream;
+  config.attrs = attr;
+  config.numAttrs = pdl_mode() >= 1 ? 1 : 0;
+  CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
   if (start != nullptr) kernel_timing_stop(reinterpret_cast<const void*>(kernel), p.stream, start);
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/exec.h"
@@ -27,6 +28,18 @@ Status keep_pool_memory() {
 }
 
 }  // namespace
+
+namespace cuda {
+
+int pdl_mode() {
+  static const int mode = [] {
+    const char* e = std::getenv("DSF_PDL");
+    return e == nullptr ? 2 : std::atoi(e);
+  }();
+  return mode;
+}
+
+}  // namespace cuda
 
 bool cuda_available() {
   int n = 0;

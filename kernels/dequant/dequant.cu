@@ -21,6 +21,7 @@ constexpr int kThreads = 256;
 template <GgmlType kType>
 __global__ void __launch_bounds__(kThreads) dequant_kernel(const uint8_t* __restrict__ src, float* __restrict__ dst,
                                                            int64_t n, int block_elems, int block_bytes) {
+  cuda::await_inputs();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint8_t* b = src + (i / block_elems) * block_bytes;
@@ -45,6 +46,7 @@ __global__ void __launch_bounds__(kThreads)
     gather_kernel(const uint8_t* __restrict__ table, int64_t cols, uint64_t row_bytes, int64_t n_rows,
                   const int64_t* __restrict__ ids, int64_t n, int block_elems, int block_bytes, bool round,
                   float* __restrict__ dst) {
+  cuda::await_inputs();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const int64_t id = ids[i / cols], e = i % cols;

@@ -12,6 +12,7 @@ constexpr int kThreads = 256;
 // grid (C, S): one stream of one token. Three row sums, the gate, then the update.
 __global__ void gate_update_kernel(float* __restrict__ h, const float* __restrict__ kv, const float* __restrict__ qk,
                                    int C, int64_t D, float eps, float* __restrict__ gate) {
+  cuda::await_inputs();
   __shared__ float part[kThreads / 32];
   const int c = blockIdx.x;
   const int64_t t = blockIdx.y;

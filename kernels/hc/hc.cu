@@ -16,6 +16,7 @@ constexpr int kThreads = 256;
 // blocks to stream fn at full bandwidth); the sum of squares comes with mix 0's partials.
 __global__ void mixes_partial_kernel(const float* __restrict__ h, const float* __restrict__ fn, int64_t n, int M,
                                      int64_t chunk, float* __restrict__ part_dot, float* __restrict__ part_ss) {
+  cuda::await_inputs();
   __shared__ float part[kThreads / 32];
   const int P = gridDim.z;
   const float* ht = h + blockIdx.y * n;
@@ -47,6 +48,7 @@ __device__ __forceinline__ float finish_mix(const float* __restrict__ part_dot, 
 // m[t][k], one thread per mix.
 __global__ void mixes_finish_kernel(const float* __restrict__ part_dot, const float* __restrict__ part_ss, int64_t n,
                                     int M, int P, int64_t S, float eps, float* __restrict__ m) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][M]
   if (i >= S * M) return;
   m[i] = finish_mix(part_dot, part_ss, n, P, i / M, i, eps);
@@ -55,6 +57,7 @@ __global__ void mixes_finish_kernel(const float* __restrict__ part_dot, const fl
 __global__ void split_kernel(const float* __restrict__ m, const float* __restrict__ scale, const float* __restrict__ base,
                              int C, int64_t S, int iters, float eps, float* __restrict__ pre, float* __restrict__ post,
                              float* __restrict__ comb) {
+  cuda::await_inputs();
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= S) return;
   const int M = (2 + C) * C;
@@ -96,6 +99,7 @@ __device__ __forceinline__ void split_warp(const float* mt, const float* __restr
 __global__ void split_warp_kernel(const float* __restrict__ m, const float* __restrict__ scale,
                                   const float* __restrict__ base, int C, int64_t S, int iters, float eps,
                                   float* __restrict__ pre, float* __restrict__ post, float* __restrict__ comb) {
+  cuda::await_inputs();
   const int64_t t = blockIdx.x;
   split_warp(m + t * (2 + C) * C, scale, base, C, t, iters, eps, pre, post, comb);
 }
@@ -106,6 +110,7 @@ __global__ void finish_split_kernel(const float* __restrict__ part_dot, const fl
                                     int P, float norm_eps, const float* __restrict__ scale,
                                     const float* __restrict__ base, int C, int iters, float eps,
                                     float* __restrict__ pre, float* __restrict__ post, float* __restrict__ comb) {
+  cuda::await_inputs();
   __shared__ float mt[32];
   const int64_t t = blockIdx.x;
   const int lane = threadIdx.x, M = (2 + C) * C;
@@ -120,6 +125,7 @@ template <int kThreads>
 __global__ void __launch_bounds__(kThreads) pre_norm_kernel(const float* __restrict__ h, const float* __restrict__ w,
                                                             int C, int64_t D, const float* __restrict__ norm_w,
                                                             float eps, float* __restrict__ y) {
+  cuda::await_inputs();
   const int64_t t = blockIdx.x;
   float* yt = y + t * D;
   float ss = 0.0f;
@@ -135,6 +141,7 @@ __global__ void __launch_bounds__(kThreads) pre_norm_kernel(const float* __restr
 
 __global__ void pre_kernel(const float* __restrict__ h, const float* __restrict__ w, int C, int64_t D, int64_t S,
                            float* __restrict__ y) {
+  cuda::await_inputs();
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= S * D) return;
   const int64_t t = k / D, d = k % D;
@@ -145,6 +152,7 @@ __global__ void pre_kernel(const float* __restrict__ h, const float* __restrict_
 
 __global__ void post_kernel(const float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ post,
                             const float* __restrict__ comb, int C, int64_t D, int64_t S, float* __restrict__ y) {
+  cuda::await_inputs();
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][C][D]
   if (k >= S * C * D) return;
   const int64_t t = k / (C * D), j = (k / D) % C, d = k % D;

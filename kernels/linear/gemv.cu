@@ -22,6 +22,7 @@ constexpr int64_t kRowsFor4 = 16384, kRowsFor2 = 6144;  // rows x products of a 
 
 struct Batch {
   LinearParams p[kMaxGemvBatch];
+  bool prefetch;  // prefetch_rows before waiting for x (cuda::pdl_mode)
 };
 
 __device__ __forceinline__ float code_at(uint32_t word, int k) {
@@ -315,6 +316,7 @@ __device__ __forceinline__ void q23_gemv(const LinearParams& p, const X& xs) {
 // and d times the sum of each 16-value run of q.
 __global__ void __launch_bounds__(kWarps * 32) quantize_q8_kernel(const float* x, int64_t cols, int64_t x_stride,
                                                                   ActQ8 out) {
+  cuda::await_inputs();
   const int lane = threadIdx.x & 31;
   const int64_t run = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (run * 32 >= cols) return;
@@ -340,6 +342,9 @@ __device__ __forceinline__ void gemv(const LinearParams& p) {
 
 template <GgmlType kType, int kRows, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant__ Batch b) {
+  constexpr int64_t kCtaRows = kWarps / kSplit * kRows;
+  if (b.prefetch) prefetch_rows(b.p[blockIdx.y], blockIdx.x * kCtaRows, kCtaRows);
+  cuda::await_inputs();
   gemv<kType, kRows, kSplit>(b.p[blockIdx.y]);
 }
 
@@ -352,6 +357,7 @@ struct ExpertBatch {
 
 template <GgmlType kType, int kRows, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(const __grid_constant__ ExpertBatch b) {
+  cuda::await_inputs();
   LinearParams p = b.p;
   p.w += static_cast<int64_t>(b.ids[blockIdx.y]) * b.expert_bytes;
   p.x += blockIdx.y * b.x_stride;
@@ -369,6 +375,7 @@ struct ExpertBatchQ8 {
 
 template <GgmlType kType, int kRows, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) expert_gemv_q8_kernel(const __grid_constant__ ExpertBatchQ8 b) {
+  cuda::await_inputs();
   LinearParams p = b.p;
   p.w += static_cast<int64_t>(b.ids[blockIdx.y]) * b.expert_bytes;
   p.y += blockIdx.y * b.y_stride;
@@ -445,6 +452,7 @@ bool decode_gemv_applies(GgmlType type, const LinearParams* p, int n) {
 Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams* p, int n) {
   Batch b{};
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
+  b.prefetch = cuda::pdl_mode() >= 2;
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   switch (type) {
     case GgmlType::kQ2_K: return launch_rows<GemvK, GgmlType::kQ2_K>(p[0].rows, p[0].cols, n, st, b);

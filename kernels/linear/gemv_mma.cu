@@ -44,6 +44,7 @@ struct XInputs {
 // One warp per 256-column block: lane l holds columns 8l .. 8l + 7.
 __global__ void __launch_bounds__(kWarps * 32) xdigits_kernel(const __grid_constant__ XInputs in, int64_t n_blocks,
                                                               XDigits out) {
+  cuda::await_inputs();
   const int lane = threadIdx.x & 31;
   const int64_t blk = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (blk >= n_blocks) return;
@@ -339,10 +340,14 @@ struct MmaBatch {
   int xi[kMaxGemvBatch];  // product -> its input's index in x
   XDigits x;
   int64_t n_blocks;
+  bool prefetch;  // prefetch_rows before waiting for x (cuda::pdl_mode)
 };
 
 template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
+  constexpr int64_t kCtaRows = cta_warps<kSlices>() / kSlices * 16;
+  if (b.prefetch) prefetch_rows(b.p[blockIdx.y], blockIdx.x * kCtaRows, kCtaRows);
+  cuda::await_inputs();
   mma_rows<Q4KBlock, kSlices, cta_warps<kSlices>()>(b.p[blockIdx.y], b.x, b.xi[blockIdx.y] * b.n_blocks, b.n_blocks);
 }
 
@@ -364,6 +369,7 @@ struct ExpertMma {
 
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
+  cuda::await_inputs();
   LinearParams p = b.p;
   int k = blockIdx.y;
   int64_t stride = b.expert_bytes;
@@ -462,6 +468,7 @@ bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows,
 Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
+  b.prefetch = cuda::pdl_mode() >= 2;
   XInputs in{};
   int n_x = 0;
   for (int i = 0; i < n; ++i) {

@@ -47,6 +47,7 @@ __device__ __forceinline__ float value_at(const uint8_t* wr, int64_t i, const Li
 
 template <GgmlType kType>
 __global__ void __launch_bounds__(kWarps * 32) linear_kernel(LinearParams p) {
+  cuda::await_inputs();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (row >= p.rows) return;
@@ -72,6 +73,7 @@ constexpr int64_t kWideRows = 1024;  // below this many rows a warp per row leav
 
 template <GgmlType kType>
 __global__ void __launch_bounds__(kWideThreads) linear_wide_kernel(LinearParams p) {
+  cuda::await_inputs();
   __shared__ float part[kTok][kWideThreads / 32];
   const int64_t row = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -111,6 +113,7 @@ constexpr int64_t kGemmMinTokens = 16;
 
 template <GgmlType kType>
 __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(LinearParams p) {
+  cuda::await_inputs();
   __shared__ __align__(16) float ws[kGemmK][kGemmRows + 4];  // [column][row]
   __shared__ __align__(16) float xs[kGemmK][kGemmToks + 4];  // [column][token]
   const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16;  // rows 4 tr.., tokens 4 tt..
@@ -170,6 +173,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(LinearParams p) {
 // qs[32n + 16h + i] >> 2j (and, for Q3_K, hmask[16h + i] bit 4n + j).
 template <GgmlType kType>
 __global__ void __launch_bounds__(kWarps * 32) linear_k23_kernel(LinearParams p) {
+  cuda::await_inputs();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (row >= p.rows) return;
@@ -229,6 +233,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_k23_kernel(LinearParams p)
 // scales are decoded once per sub-block rather than per value.
 template <GgmlType kType>
 __global__ void __launch_bounds__(kWarps * 32) linear_sub_kernel(LinearParams p) {
+  cuda::await_inputs();
   constexpr int kSubs = kType == GgmlType::kQ8_0 ? 1 : kType == GgmlType::kQ4_K ? 8 : 16;   // sub-blocks per block
   constexpr int kLen = kType == GgmlType::kQ6_K ? 16 : 32;                                     // values per sub-block
   const int lane = threadIdx.x & 31;

@@ -11,6 +11,7 @@ namespace {
 __global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t E, int64_t k,
                              bool norm_topk, float route_scale, int32_t* __restrict__ experts,
                              float* __restrict__ weights) {
+  cuda::await_inputs();
   extern __shared__ float smem[];
   float* score = smem;        // [E]
   float* biased = smem + E;   // [E]
@@ -63,6 +64,7 @@ __global__ void route_kernel(const float* __restrict__ logits, const float* __re
 
 __global__ void swiglu_kernel(float* __restrict__ a, const float* __restrict__ b, int64_t S, int64_t F, float limit,
                               const float* __restrict__ weight) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= S * F) return;
   float g = a[i], u = b[i];
@@ -77,6 +79,7 @@ __global__ void swiglu_kernel(float* __restrict__ a, const float* __restrict__ b
 
 __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ rows,
                                const float* __restrict__ shared, int64_t S, int64_t K, int64_t D, float* __restrict__ out) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= S * D) return;
   const int64_t t = i / D, d = i % D;
@@ -88,6 +91,7 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
 __global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t* __restrict__ experts,
                                       const float* __restrict__ shared, int64_t S, int64_t K, int64_t D,
                                       float* __restrict__ out) {
+  cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= S * D) return;
   const int64_t t = i / D, d = i % D;

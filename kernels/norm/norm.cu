@@ -12,6 +12,7 @@ namespace {
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                                             int64_t n, float eps, float* __restrict__ y) {
+  cuda::await_inputs();
   const float* xr = x + blockIdx.x * n;
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) ss = fmaf(xr[i], xr[i], ss);

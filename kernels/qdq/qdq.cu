@@ -64,6 +64,7 @@ __device__ float pow2_scale(float amax, float inv_max) {
 
 template <Kind K>
 __global__ void qdq_kernel(float* __restrict__ v, int64_t n) {
+  cuda::await_inputs();
   constexpr int kBlock = K == Kind::kFp4E4m3 ? 16 : 32;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const float x = i < n ? v[i] : 0.0f;

@@ -10,6 +10,7 @@ namespace {
 __global__ void rope_kernel(const float* __restrict__ freqs, int half, float* __restrict__ v, int64_t n_rows,
                             int64_t len, int64_t pos0_value, const int64_t* pos0_dev, int64_t rows_per_pos,
                             int64_t pos_stride, bool inverse) {
+  cuda::await_inputs();
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n_rows * half) return;
   const int64_t row = k / half, pos0 = cuda::scalar_value(pos0_value, pos0_dev);
