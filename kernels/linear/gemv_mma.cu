@@ -1,8 +1,9 @@
 // Decode GEMVs (one token) on the integer tensor cores, without rounding x to 8 bits.
 //
-// x is first split, per block of 256 columns, into a power-of-two scale S and four signed
+// Each CTA first splits x, per block of 256 columns, into a power-of-two scale S and four signed
 // radix-128 digits (digits.h): x = S (q0 + q1 / 128 + q2 / 128^2 + q3 / 128^3) + e, |q| <= 64,
-// every step exact in fp32, |e| <= max|x| 2^-27 (zero for |x| >= max|x| / 8). The weight codes are exact small integers, so
+// every step exact in fp32, |e| <= max|x| 2^-27 (zero for |x| >= max|x| / 8), held in its shared
+// memory (inputs of up to kMaxMmaBlocks blocks). The weight codes are exact small integers, so
 // `mma.m16n8k32.s8` multiplies 16 rows by the four digits (the B operand's columns 0..3) and
 // sums in int32 without rounding; the sub-block scales and mins are applied in int32 too (Q4_K
 // after each sub-block's mma, Q2_K / Q3_K folded into the codes). Per block and row only the
@@ -28,60 +29,65 @@ using namespace dsflash::kernels::cuda;
 
 using digits::kDigits;
 
-// x of each distinct input as digits: per 256-column block (input-major), 4 x 256 digit
-// bytes, the digits' sums per 32- and per 16-column sub-block (the K-quants' mins), and S.
+// x as digits in a CTA's shared memory, per 256-column block: four digit rows of 256 bytes,
+// each padded to kQRow (a warp's 16 digit loads then hit distinct banks), the digits' sums per
+// 16 columns (the K-quants' mins) and S.
+constexpr int kQRow = 288;
+constexpr int kBlockSmem = kDigits * kQRow + kDigits * 16 * 4 + 4;
+// The largest input: its digits, beside mma_rows' partial sums, in the 48 KB a CTA may take
+// without opting in (8,704 columns; the released model's largest Q4_K input is 8,192).
+constexpr int64_t kMaxMmaBlocks = (48 * 1024 - 2 * 1024) / kBlockSmem;
+
 struct XDigits {
-  int8_t* q;        // [block][digit][256]
-  int32_t* dsum32;  // [block][digit][8]
+  int8_t* q;        // [block][digit][kQRow]
   int32_t* dsum16;  // [block][digit][16]
   float* scale;     // [block]
+  __device__ __forceinline__ const int8_t* digit(int64_t blk, int g) const { return q + (blk * kDigits + g) * kQRow; }
+  __device__ __forceinline__ const int32_t* sums(int64_t blk, int g) const { return dsum16 + (blk * kDigits + g) * 16; }
 };
 
-struct XInputs {
-  const float* x[kMaxGemvBatch];
-};
-
-// One warp per 256-column block: lane l holds columns 8l .. 8l + 7.
-__global__ void __launch_bounds__(kWarps * 32) xdigits_kernel(const __grid_constant__ XInputs in, int64_t n_blocks,
-                                                              XDigits out) {
-  cuda::await_inputs();
+// Splits x ([n_blocks][256], 16-byte aligned) into the CTA's shared memory, one warp per block
+// (lane l: columns 8l .. 8l + 7), and returns where it lies once every warp has written it.
+__device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const XDigits d{reinterpret_cast<int8_t*>(smem), reinterpret_cast<int32_t*>(smem + n_blocks * kDigits * kQRow),
+                  reinterpret_cast<float*>(smem + n_blocks * kDigits * (kQRow + 16 * 4))};
   const int lane = threadIdx.x & 31;
-  const int64_t blk = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (blk >= n_blocks) return;
-  const float4* x4 = reinterpret_cast<const float4*>(in.x[blockIdx.y] + blk * 256 + 8 * lane);
-  const float4 u = x4[0], w = x4[1];
-  const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
-  float amax = 0.0f;
-  bool lane_finite = true;
+  for (int64_t blk = threadIdx.x >> 5; blk < n_blocks; blk += blockDim.x >> 5) {
+    const float4* x4 = reinterpret_cast<const float4*>(x + blk * 256 + 8 * lane);
+    const float4 u = x4[0], w = x4[1];
+    const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+    float amax = 0.0f;
+    bool lane_finite = true;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i])), lane_finite = lane_finite && isfinite(v[i]);
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  // S = 2^(e - 5) puts max|x| / S in [32, 64): q0 within [-64, 64]. A NaN or infinity in the
-  // block makes S NaN (fmaxf skips NaN, hence the vote), so every row's product is NaN.
-  const bool finite = __all_sync(0xffffffffu, lane_finite);
-  const int e = finite ? digits::scale_exponent(amax) : 0;
-  uint32_t words[kDigits][2] = {};
-  int sums[kDigits] = {};
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i])), lane_finite = lane_finite && isfinite(v[i]);
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    // S = 2^(e - 5) puts max|x| / S in [32, 64): q0 within [-64, 64]. A NaN or infinity in the
+    // block makes S NaN (fmaxf skips NaN, hence the vote), so every row's product is NaN.
+    const bool finite = __all_sync(0xffffffffu, lane_finite);
+    const int e = finite ? digits::scale_exponent(amax) : 0;
+    uint32_t words[kDigits][2] = {};
+    int sums[kDigits] = {};
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    int q[kDigits];
-    digits::split(finite ? v[i] : 0.0f, e, q);
+    for (int i = 0; i < 8; ++i) {
+      int q[kDigits];
+      digits::split(finite ? v[i] : 0.0f, e, q);
+#pragma unroll
+      for (int j = 0; j < kDigits; ++j) {
+        words[j][i / 4] |= (static_cast<uint32_t>(q[j]) & 0xffu) << (8 * (i % 4));
+        sums[j] += q[j];
+      }
+    }
 #pragma unroll
     for (int j = 0; j < kDigits; ++j) {
-      words[j][i / 4] |= (static_cast<uint32_t>(q[j]) & 0xffu) << (8 * (i % 4));
-      sums[j] += q[j];
+      *reinterpret_cast<uint2*>(d.q + (blk * kDigits + j) * kQRow + 8 * lane) = make_uint2(words[j][0], words[j][1]);
+      const int s = sums[j] + __shfl_xor_sync(0xffffffffu, sums[j], 1);  // 16 columns: two lanes
+      if ((lane & 1) == 0) d.dsum16[(blk * kDigits + j) * 16 + lane / 2] = s;
     }
+    if (lane == 0) d.scale[blk] = finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);
   }
-  const int64_t base = (static_cast<int64_t>(blockIdx.y) * n_blocks + blk);
-#pragma unroll
-  for (int j = 0; j < kDigits; ++j) {
-    *reinterpret_cast<uint2*>(out.q + (base * kDigits + j) * 256 + 8 * lane) = make_uint2(words[j][0], words[j][1]);
-    int s = sums[j] + __shfl_xor_sync(0xffffffffu, sums[j], 1);  // 16 columns: two lanes
-    if ((lane & 1) == 0) out.dsum16[(base * kDigits + j) * 16 + lane / 2] = s;
-    s += __shfl_xor_sync(0xffffffffu, s, 2);  // 32 columns: four lanes
-    if ((lane & 3) == 0) out.dsum32[(base * kDigits + j) * 8 + lane / 4] = s;
-  }
-  if (lane == 0) out.scale[base] = finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);
+  __syncthreads();
+  return d;
 }
 
 __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b) {
@@ -116,7 +122,7 @@ struct Lane {
 // Block::add; the slices are summed in slice order (shared memory), so the result does not
 // depend on timing.
 template <class Block, int kSlices, int kCtaWarps>
-__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t xb, int64_t n_blocks) {
+__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks) {
   constexpr int kGroups = kCtaWarps / kSlices;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
   const int t = lane & 3;
@@ -126,7 +132,7 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
   const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
   for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
-    Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, xb + blk, ln, &acc_a, &acc_b);
+    Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, blk, ln, &acc_a, &acc_b);
   }
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
@@ -163,7 +169,6 @@ struct Q4KBlock {
   };
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    const int8_t* xq = x.q + xblk * kDigits * 256;
     const Header ha(ba), hb(bb);
     int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
 #pragma unroll
@@ -174,7 +179,7 @@ struct Q4KBlock {
       for (int h = 0; h < 2; ++h) {
         const int s = 2 * c + h;
         const uint2 xv =
-            ln.g < kDigits ? __ldg(reinterpret_cast<const uint2*>(xq + ln.g * 256 + 32 * s + 8 * ln.t)) : make_uint2(0, 0);
+            ln.g < kDigits ? *reinterpret_cast<const uint2*>(x.digit(xblk, ln.g) + 32 * s + 8 * ln.t) : make_uint2(0, 0);
         int d[4] = {0, 0, 0, 0};
         mma_s8(d, nibbles(qa.x, h), nibbles(qb.x, h), nibbles(qa.y, h), nibbles(qb.y, h), xv);
         va0 += ha.sc(s) * d[0], va1 += ha.sc(s) * d[1];
@@ -184,17 +189,20 @@ struct Q4KBlock {
     // The mins: sum over sub-blocks of m_s times the digit sums of columns 2t, 2t + 1.
     int ma0 = 0, ma1 = 0, mb0 = 0, mb1 = 0;
     if (ln.t < 2) {
-      const int4* ds = reinterpret_cast<const int4*>(x.dsum32 + (xblk * kDigits + 2 * ln.t) * 8);
-      const int4 e0 = __ldg(ds), e1 = __ldg(ds + 1), f0 = __ldg(ds + 2), f1 = __ldg(ds + 3);
-      const int d0[8] = {e0.x, e0.y, e0.z, e0.w, e1.x, e1.y, e1.z, e1.w};
-      const int d1[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+      const int4* e = reinterpret_cast<const int4*>(x.sums(xblk, 2 * ln.t));  // digits 2t, 2t + 1: 16 + 16
+      int d0[8], d1[8];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int4 a = e[k], b = e[4 + k];
+        d0[2 * k] = a.x + a.y, d0[2 * k + 1] = a.z + a.w, d1[2 * k] = b.x + b.y, d1[2 * k + 1] = b.z + b.w;
+      }
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
         ma0 += ha.m(s) * d0[s], ma1 += ha.m(s) * d1[s];
         mb0 += hb.m(s) * d0[s], mb1 += hb.m(s) * d1[s];
       }
     }
-    const float S = __ldg(x.scale + xblk);
+    const float S = x.scale[xblk];
     *acc_a += S * (ha.d * ln.digits(va0, va1) - ha.dmin * ln.digits(ma0, ma1));
     *acc_b += S * (hb.d * ln.digits(vb0, vb1) - hb.dmin * ln.digits(mb0, mb1));
   }
@@ -208,10 +216,10 @@ __device__ __forceinline__ void dsum16_dot(const XDigits& x, int64_t xblk, const
                                            int (&b)[2]) {
   a[0] = a[1] = b[0] = b[1] = 0;
   if (ln.t >= 2) return;
-  const int4* ds = reinterpret_cast<const int4*>(x.dsum16 + (xblk * kDigits + 2 * ln.t) * 16);
+  const int4* ds = reinterpret_cast<const int4*>(x.sums(xblk, 2 * ln.t));
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const int4 e = __ldg(ds + k), f = __ldg(ds + 4 + k);
+    const int4 e = ds[k], f = ds[4 + k];
     const int d0[4] = {e.x, e.y, e.z, e.w}, d1[4] = {f.x, f.y, f.z, f.w};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -231,7 +239,6 @@ struct Q2KBlock {
   static constexpr int kBytes = 84;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    const int8_t* xq = x.q + xblk * kDigits * 256;
     const uint32_t* sa = reinterpret_cast<const uint32_t*>(ba);
     const uint32_t* sb = reinterpret_cast<const uint32_t*>(bb);
     uint32_t sca[4], scb[4];
@@ -249,7 +256,7 @@ struct Q2KBlock {
         const uint32_t fa = static_cast<uint32_t>(byte_of(sca[s / 4], s % 4) & 0xf);
         const uint32_t fb = static_cast<uint32_t>(byte_of(scb[s / 4], s % 4) & 0xf);
         const uint2 xv = ln.g < kDigits
-                             ? __ldg(reinterpret_cast<const uint2*>(xq + ln.g * 256 + 128 * n + 32 * j + 8 * ln.t))
+                             ? *reinterpret_cast<const uint2*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 8 * ln.t)
                              : make_uint2(0, 0);
         mma_s8(v, ((qa0 >> (2 * j)) & 0x03030303u) * fa, ((qb0 >> (2 * j)) & 0x03030303u) * fb,
                ((qa1 >> (2 * j)) & 0x03030303u) * fa, ((qb1 >> (2 * j)) & 0x03030303u) * fb, xv);
@@ -261,7 +268,7 @@ struct Q2KBlock {
         x, xblk, ln, [&](int s) { return byte_of(sca[s / 4], s % 4) >> 4; },
         [&](int s) { return byte_of(scb[s / 4], s % 4) >> 4; }, ma, mb);
     const uint32_t da = *reinterpret_cast<const uint32_t*>(ba + 80), db = *reinterpret_cast<const uint32_t*>(bb + 80);
-    const float S = __ldg(x.scale + xblk);
+    const float S = x.scale[xblk];
     *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.digits(ma[0], ma[1]));
     *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.digits(mb[0], mb[1]));
   }
@@ -299,7 +306,6 @@ struct Q3KBlock {
   };
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    const int8_t* xq = x.q + xblk * kDigits * 256;
     const Row ra(ba, ln.t), rb(bb, ln.t);
     int vh[4] = {0, 0, 0, 0}, vl[4] = {0, 0, 0, 0}, vc[4] = {0, 0, 0, 0};
 #pragma unroll
@@ -311,7 +317,7 @@ struct Q3KBlock {
         const uint32_t ha = static_cast<uint32_t>(ra.scale(s) >> 3), la = static_cast<uint32_t>(ra.scale(s) & 7);
         const uint32_t hb = static_cast<uint32_t>(rb.scale(s) >> 3), lb = static_cast<uint32_t>(rb.scale(s) & 7);
         const uint2 xv = ln.g < kDigits
-                             ? __ldg(reinterpret_cast<const uint2*>(xq + ln.g * 256 + 128 * n + 32 * j + 8 * ln.t))
+                             ? *reinterpret_cast<const uint2*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 8 * ln.t)
                              : make_uint2(0, 0);
         mma_s8(vh, ca0 * ha, cb0 * hb, ca1 * ha, cb1 * hb, xv);
         mma_s8(vl, ca0 * la, cb0 * lb, ca1 * la, cb1 * lb, xv);
@@ -322,7 +328,7 @@ struct Q3KBlock {
     int ga[2], gb[2];
     dsum16_dot(
         x, xblk, ln, [&](int s) { return ra.scale(s) - 32; }, [&](int s) { return rb.scale(s) - 32; }, ga, gb);
-    const float S = __ldg(x.scale + xblk);
+    const float S = x.scale[xblk];
     const auto total = [&](int i, int g) { return 8 * vh[i] + vl[i] - 32 * vc[i] - 4 * g; };
     *acc_a += S * ra.d * ln.digits(total(0, ga[0]), total(1, ga[1]));
     *acc_b += S * rb.d * ln.digits(total(2, gb[0]), total(3, gb[1]));
@@ -334,11 +340,9 @@ __host__ __device__ constexpr int cta_warps() {
   return kSlices > kWarps ? kSlices : kWarps;
 }
 
-// Products of one shape, each its own weights (blockIdx.y picks one).
+// Products of one shape, each its own weights and x (blockIdx.y picks one).
 struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
-  int xi[kMaxGemvBatch];  // product -> its input's index in x
-  XDigits x;
   int64_t n_blocks;
   bool prefetch;  // prefetch_rows before waiting for x (cuda::pdl_mode)
 };
@@ -346,47 +350,53 @@ struct MmaBatch {
 template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
   constexpr int64_t kCtaRows = cta_warps<kSlices>() / kSlices * 16;
-  if (b.prefetch) prefetch_rows(b.p[blockIdx.y], blockIdx.x * kCtaRows, kCtaRows);
+  const LinearParams& p = b.p[blockIdx.y];
+  if (b.prefetch) prefetch_rows(p, blockIdx.x * kCtaRows, kCtaRows);
   cuda::await_inputs();
-  mma_rows<Q4KBlock, kSlices, cta_warps<kSlices>()>(b.p[blockIdx.y], b.x, b.xi[blockIdx.y] * b.n_blocks, b.n_blocks);
+  const XDigits x = split_x(p.x, b.n_blocks);
+  mma_rows<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks);
 }
 
-// Experts chosen on the device: product k is expert ids[k]'s rows on input k (one_x: input 0).
-// With a second weight of the same shape (up beside gate, on one x), products n .. 2n - 1 are
-// its experts ids[0 .. n) into y2.
+// Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
+// second weight of the same shape (up beside gate, on one x), products n .. 2n - 1 are its
+// experts ids[0 .. n) into y2. The expert ids come from an earlier kernel, so the weights'
+// prefetch waits for them and overlaps the digit split instead.
 struct ExpertMma {
-  LinearParams p;  // expert 0's rows, product 0's y
+  LinearParams p;  // expert 0's rows, product 0's x and y
   const int32_t* ids;
-  int64_t expert_bytes, y_stride;
-  bool one_x;
-  XDigits x;
+  int64_t expert_bytes, x_stride, y_stride;
   int64_t n_blocks;
-  int n;                      // products per weight
-  const uint8_t* w2;          // the second weight's expert 0, or null
+  int n;              // products per weight
+  const uint8_t* w2;  // the second weight's expert 0, or null
   float* y2;
   int64_t expert_bytes2;
+  bool prefetch;
 };
 
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
+  constexpr int64_t kCtaRows = cta_warps<kSlices>() / kSlices * 16;
   LinearParams p = b.p;
   int k = blockIdx.y;
   int64_t stride = b.expert_bytes;
   if (k >= b.n) k -= b.n, p.w = b.w2, p.y = b.y2, stride = b.expert_bytes2;
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
+  p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  mma_rows<Block, kSlices, cta_warps<kSlices>()>(p, b.x, (b.one_x ? 0 : k) * b.n_blocks, b.n_blocks);
+  if (b.prefetch) prefetch_rows(p, blockIdx.x * kCtaRows, kCtaRows);
+  const XDigits x = split_x(p.x, b.n_blocks);
+  mma_rows<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks);
 }
 
 template <template <int> class K, int kSlices, typename Arg>
-Status launch_slices(int64_t rows, int n, cudaStream_t st, const Arg& arg) {
+Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg) {
   constexpr int kCtaWarps = cta_warps<kSlices>();
   const int64_t groups = (rows + 15) / 16, per_cta = kCtaWarps / kSlices;
   return cuda::launch(
       K<kSlices>::fn,
       cuda::LaunchParams{dim3(static_cast<unsigned>((groups + per_cta - 1) / per_cta), static_cast<unsigned>(n)),
-                         dim3(kCtaWarps * 32), 0, st},
+                         dim3(kCtaWarps * 32), static_cast<size_t>(n_blocks * kBlockSmem), st},
       arg);
 }
 
@@ -394,11 +404,11 @@ Status launch_slices(int64_t rows, int n, cudaStream_t st, const Arg& arg) {
 // (a row's blocks are summed over them in one CTA).
 template <template <int> class K, typename Arg>
 Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg) {
-  if (n_blocks >= 16) return launch_slices<K, 16>(rows, n, st, arg);
-  if (n_blocks >= 8) return launch_slices<K, 8>(rows, n, st, arg);
-  if (n_blocks >= 4) return launch_slices<K, 4>(rows, n, st, arg);
-  if (n_blocks >= 2) return launch_slices<K, 2>(rows, n, st, arg);
-  return launch_slices<K, 1>(rows, n, st, arg);
+  if (n_blocks >= 16) return launch_slices<K, 16>(rows, n_blocks, n, st, arg);
+  if (n_blocks >= 8) return launch_slices<K, 8>(rows, n_blocks, n, st, arg);
+  if (n_blocks >= 4) return launch_slices<K, 4>(rows, n_blocks, n, st, arg);
+  if (n_blocks >= 2) return launch_slices<K, 2>(rows, n_blocks, n, st, arg);
+  return launch_slices<K, 1>(rows, n_blocks, n, st, arg);
 }
 
 template <int kSlices>
@@ -414,24 +424,6 @@ struct Q3KExpertsMma {
   static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
 };
 
-// Scratch for the digits of `blocks` blocks (stream-ordered; freed through .q after the GEMV).
-StatusOr<XDigits> alloc_digits(const ExecCtx& ctx, int64_t blocks) {
-  const size_t q = static_cast<size_t>(blocks) * kDigits * 256, s32 = static_cast<size_t>(blocks) * kDigits * 8 * 4,
-               s16 = static_cast<size_t>(blocks) * kDigits * 16 * 4;
-  ASSIGN_OR_RETURN(void* mem, device_alloc(ctx, q + s32 + s16 + static_cast<size_t>(blocks) * 4));
-  char* c = static_cast<char*>(mem);
-  return XDigits{reinterpret_cast<int8_t*>(c), reinterpret_cast<int32_t*>(c + q), reinterpret_cast<int32_t*>(c + q + s32),
-                 reinterpret_cast<float*>(c + q + s32 + s16)};
-}
-
-Status launch_digits(const XInputs& in, int n_x, int64_t n_blocks, const XDigits& out, cudaStream_t st) {
-  return cuda::launch(
-      xdigits_kernel,
-      cuda::LaunchParams{dim3(static_cast<unsigned>((n_blocks + kWarps - 1) / kWarps), static_cast<unsigned>(n_x)),
-                         dim3(kWarps * 32), 0, st},
-      in, n_blocks, out);
-}
-
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 2 the tensor cores at every size,
 // else (default 1) where they pay.
 int mma_mode() {
@@ -442,23 +434,19 @@ int mma_mode() {
   return mode;
 }
 
-// Whether n products of rows x cols take the tensor cores: below ~4k (16-row group, block)
-// pairs a launch the fp32 kernels finish first (the digits' extra launch, a GPU not yet full;
-// H200: q_a 5120 -> 1280, kv 5120 -> 512, 2304 -> 5120).
+// Whether n products of rows x cols take the tensor cores: x's digits fit a CTA's shared
+// memory, and from ~4k (16-row group, block) pairs a launch (below, the fp32 kernels finished
+// first when the digits took a launch of their own; H200: q_a 5120 -> 1280, kv 5120 -> 512,
+// 2304 -> 5120).
 bool mma_pays(int64_t rows, int64_t cols, int n) {
-  return mma_mode() == 2 || (mma_mode() != 0 && (rows + 15) / 16 * (cols / 256) * n >= 4096);
+  if (cols / 256 > kMaxMmaBlocks || mma_mode() == 0) return false;
+  return mma_mode() == 2 || (rows + 15) / 16 * (cols / 256) * n >= 4096;
 }
 
-// Splits the n_x inputs into digits in scratch, runs launch(digits) (the GEMV) and frees the
-// scratch after it (stream-ordered).
-template <class Launch>
-Status on_digits(const ExecCtx& ctx, const XInputs& in, int n_x, int64_t n_blocks, Launch launch) {
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  ASSIGN_OR_RETURN(const XDigits x, alloc_digits(ctx, n_x * n_blocks));
-  const Status prep = launch_digits(in, n_x, n_blocks, x, st);
-  const Status gemv = prep.ok() ? launch(x, st) : prep;
-  device_free(ctx, x.q);
-  return gemv;
+Status check_blocks(int64_t n_blocks) {
+  if (n_blocks <= kMaxMmaBlocks) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor-core GEMV: ", n_blocks * 256, " columns exceed its ", kMaxMmaBlocks * 256));
 }
 
 }  // namespace
@@ -469,19 +457,9 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
   b.prefetch = cuda::pdl_mode() >= 2;
-  XInputs in{};
-  int n_x = 0;
-  for (int i = 0; i < n; ++i) {
-    b.p[i] = p[i];
-    int k = 0;
-    while (k < n_x && in.x[k] != p[i].x) ++k;
-    if (k == n_x) in.x[n_x++] = p[i].x;
-    b.xi[i] = k;
-  }
-  return on_digits(ctx, in, n_x, b.n_blocks, [&](const XDigits& x, cudaStream_t st) {
-    b.x = x;
-    return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, st, b);
-  });
+  RETURN_IF_ERROR(check_blocks(b.n_blocks));
+  for (int i = 0; i < n; ++i) b.p[i] = p[i];
+  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b);
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
@@ -494,15 +472,12 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  ExpertMma b{p, ids, expert_bytes, y_stride, x_stride == 0, XDigits{}, p.cols / 256, n, w2, y2, expert_bytes2};
-  XInputs in{};
-  const int n_x = b.one_x ? 1 : n;
-  for (int i = 0; i < n_x; ++i) in.x[i] = p.x + i * x_stride;
-  return on_digits(ctx, in, n_x, b.n_blocks, [&](const XDigits& x, cudaStream_t st) {
-    b.x = x;
-    if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
-    return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
-  });
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2,
+                    cuda::pdl_mode() >= 2};
+  RETURN_IF_ERROR(check_blocks(b.n_blocks));
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
+  return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }
 
 }  // namespace dsflash::kernels

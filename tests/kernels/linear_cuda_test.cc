@@ -250,12 +250,13 @@ TEST_P(LinearCuda, ExpertsOnEightBitActivationsStayNearTheCpu) {
 // digits, so they keep fp32 accuracy where 8-bit x would not (NMSE ~1e-5; here ~2e-13, up to
 // 3e-10 on a lone row whose sum cancels): x spanning six
 // decades, three products in one launch (two sharing an x), row counts that end mid-group,
-// column counts of 1, 5 and 20 blocks (1, 4 and 8 warps per row group). A NaN in x reaches
+// column counts of 1, 5, 20 and 32 blocks (1, 4, 16 and 16 warps per row group; 32 blocks are the
+// released model's largest input, near the digits' shared-memory limit). A NaN in x reaches
 // every row, as on the CPU.
 TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
   const GgmlType type = GetParam();
   if (type != GgmlType::kQ4_K) GTEST_SKIP() << "Q4_K only";
-  for (const int64_t K : {256, 1280, 5120}) {
+  for (const int64_t K : {256, 1280, 5120, 8192}) {
     for (const int64_t N : {1, 17, 1031}) {
       std::mt19937 rng(101 + static_cast<int>(K + N));
       std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -305,6 +306,41 @@ TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
       for (void* p : std::initializer_list<void*>{dw, dx, dy}) cudaFree(p);
     }
   }
+}
+
+// An input wider than the tensor-core GEMV's shared memory holds as digits (34 blocks) is
+// refused with the reason, and the ordinary entry point takes it on the fp32 kernels.
+TEST_P(LinearCuda, TensorCoreGemvRefusesTooWideInput) {
+  const GgmlType type = GetParam();
+  if (type != GgmlType::kQ4_K) GTEST_SKIP() << "Q4_K only";
+  const int64_t K = 35 * 256, N = 64;
+  const uint64_t rb = *quant::row_bytes(type, K);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> wf(static_cast<size_t>(K * N)), x(static_cast<size_t>(K));
+  for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+  for (float& v : x) v = quant::round_bf16(nd(rng));
+  std::vector<uint8_t> bytes(rb * N);
+  ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N).ok());
+  uint8_t* dw = to_device(bytes);
+  float* dx = to_device(x);
+  float* dy = to_device(std::vector<float>(N, std::nanf("")));
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  const LinearJob job{Weight{type, K, N, dw, rb}, dx, dy};
+  const Status st = linear_batch_mma_cuda(ExecCtx{Backend::kCuda, s}, &job, 1, OutRound::kF32);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("8960 columns"), std::string_view::npos) << st;
+  ASSERT_TRUE(linear_batch_cuda(ExecCtx{Backend::kCuda, s}, &job, 1, OutRound::kF32).ok());
+  std::vector<float> got(N), ref(N);
+  ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, N * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  linear(Weight{type, K, N, bytes.data(), rb}, x.data(), 1, ref.data(), OutRound::kF32);
+  double err = 0, norm = 0;
+  for (int64_t i = 0; i < N; ++i) err += (got[i] - ref[i]) * (got[i] - ref[i]), norm += static_cast<double>(ref[i]) * ref[i];
+  EXPECT_LT(err / norm, 1e-8);
+  cudaStreamDestroy(s);
+  for (void* p : std::initializer_list<void*>{dw, dx, dy}) cudaFree(p);
 }
 
 // The routed experts' Q2_K / Q3_K GEMVs on the integer tensor cores: experts picked on the
