@@ -14,6 +14,7 @@
 // its L1 pipe 92 % busy), and a code costs a mask instead of a permute, a subtraction and an FMA.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -118,16 +119,17 @@ struct Lane {
   }
 };
 
-// The rows of a row group: each lane's partial sums (rows g, g + 8) of each block from
-// Block::add; the slices are summed in slice order (shared memory), so the result does not
-// depend on timing.
+// The rows of one tile (kCtaWarps / kSlices row groups of 16): each lane's partial sums (rows
+// g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
+// so the result does not depend on timing. Ends with the CTA in step, so the next tile may
+// reuse the partial sums' memory.
 template <class Block, int kSlices, int kCtaWarps>
-__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks) {
+__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
   constexpr int kGroups = kCtaWarps / kSlices;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
   const int t = lane & 3;
   const Lane ln{lane >> 2, t, t == 0 ? 1.0f : t == 1 ? 0x1p-14f : 0.0f, t == 0 ? 0x1p-7f : t == 1 ? 0x1p-21f : 0.0f};
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kGroups + warp / kSlices) * 16;
+  const int64_t r0 = (tile * kGroups + warp / kSlices) * 16;
   const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
   const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
@@ -141,11 +143,24 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
   __shared__ float part[kCtaWarps][16];
   if (ln.t == 0) part[warp][ln.g] = acc_a, part[warp][ln.g + 8] = acc_b;
   __syncthreads();
-  if (slice != 0 || lane >= 16) return;
-  float y = part[warp][lane];
-  for (int s = 1; s < kSlices; ++s) y += part[warp + s][lane];
-  const int64_t row = r0 + lane;
-  if (row < p.rows) p.y[row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(y)) : y;
+  if (slice == 0 && lane < 16) {
+    float y = part[warp][lane];
+    for (int s = 1; s < kSlices; ++s) y += part[warp + s][lane];
+    const int64_t row = r0 + lane;
+    if (row < p.rows) p.y[row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(y)) : y;
+  }
+  __syncthreads();
+}
+
+// A CTA's tiles: tiles_per_cta consecutive ones from blockIdx.x's first, on the digits split
+// once (the split costs about as much as a tile of Q2_K rows).
+template <class Block, int kSlices, int kCtaWarps>
+__device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& x, int64_t n_blocks, int tiles_per_cta) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_cta;
+  constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;
+  for (int64_t tile = first; tile < first + tiles_per_cta && tile * kTileRows < p.rows; ++tile) {
+    mma_rows<Block, kSlices, kCtaWarps>(p, x, n_blocks, tile);
+  }
 }
 
 // Q4_K (144-byte blocks: d, dmin, 12 bytes of 6-bit scales and mins, qs[128]). Sub-block
@@ -344,17 +359,19 @@ __host__ __device__ constexpr int cta_warps() {
 struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
+  int tiles_per_cta;
   bool prefetch;  // prefetch_rows before waiting for x (cuda::pdl_mode)
 };
 
 template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
-  constexpr int64_t kCtaRows = cta_warps<kSlices>() / kSlices * 16;
+  constexpr int64_t kTileRows = cta_warps<kSlices>() / kSlices * 16;
   const LinearParams& p = b.p[blockIdx.y];
-  if (b.prefetch) prefetch_rows(p, blockIdx.x * kCtaRows, kCtaRows);
+  const int64_t cta_rows = kTileRows * b.tiles_per_cta;
+  if (b.prefetch) prefetch_rows(p, blockIdx.x * cta_rows, cta_rows);
   cuda::await_inputs();
   const XDigits x = split_x(p.x, b.n_blocks);
-  mma_rows<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks);
+  mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
@@ -370,13 +387,14 @@ struct ExpertMma {
   const uint8_t* w2;  // the second weight's expert 0, or null
   float* y2;
   int64_t expert_bytes2;
+  int tiles_per_cta;
   bool prefetch;
 };
 
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
-  constexpr int64_t kCtaRows = cta_warps<kSlices>() / kSlices * 16;
+  constexpr int64_t kTileRows = cta_warps<kSlices>() / kSlices * 16;
   LinearParams p = b.p;
   int k = blockIdx.y;
   int64_t stride = b.expert_bytes;
@@ -384,20 +402,30 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  if (b.prefetch) prefetch_rows(p, blockIdx.x * kCtaRows, kCtaRows);
+  const int64_t cta_rows = kTileRows * b.tiles_per_cta;
+  if (b.prefetch) prefetch_rows(p, blockIdx.x * cta_rows, cta_rows);
   const XDigits x = split_x(p.x, b.n_blocks);
-  mma_rows<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks);
+  mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
+// The launch of K<kSlices> over n products of `rows`: as many tiles per CTA as keep the grid
+// within what the GPU holds at once (one wave; more tiles per CTA share one digit split).
 template <template <int> class K, int kSlices, typename Arg>
-Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg) {
+Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
   constexpr int kCtaWarps = cta_warps<kSlices>();
-  const int64_t groups = (rows + 15) / 16, per_cta = kCtaWarps / kSlices;
-  return cuda::launch(
-      K<kSlices>::fn,
-      cuda::LaunchParams{dim3(static_cast<unsigned>((groups + per_cta - 1) / per_cta), static_cast<unsigned>(n)),
-                         dim3(kCtaWarps * 32), static_cast<size_t>(n_blocks * kBlockSmem), st},
-      arg);
+  const int64_t tiles = (rows + 16 * kCtaWarps / kSlices - 1) / (16 * kCtaWarps / kSlices);
+  const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
+  int per_sm = 0, sms = 0, dev = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, K<kSlices>::fn, kCtaWarps * 32, smem));
+  const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms);
+  arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, (tiles * n + wave - 1) / wave));
+  const int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;
+  return cuda::launch(K<kSlices>::fn,
+                      cuda::LaunchParams{dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(n)),
+                                         dim3(kCtaWarps * 32), smem, st},
+                      arg);
 }
 
 // Warps per row group: the largest power of two up to 16 that leaves each a block or more
@@ -472,7 +500,7 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2,
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1,
                     cuda::pdl_mode() >= 2};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
