@@ -43,19 +43,8 @@ __device__ __forceinline__ void await_inputs() {
 #endif
 }
 
-// An L2 prefetch of [begin, begin + bytes) by the CTA's threads, one 128-byte line each per
-// trip: a GEMV's prologue before await_inputs(), so its weights stream in while the kernel
-// before it still runs.
-__device__ __forceinline__ void prefetch_l2(const void* begin, int64_t bytes) {
-  const char* b = static_cast<const char*>(begin);
-  for (int64_t off = static_cast<int64_t>(threadIdx.x) * 128; off < bytes; off += static_cast<int64_t>(blockDim.x) * 128) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(b + off));
-  }
-}
-
-// DSF_PDL, for measurement: 0 plain launches, 1 programmatic dependent launch, 2 (default) that
-// and the GEMVs' weight prefetch before await_inputs().
-int pdl_mode();
+// Whether `launch` asks for programmatic dependent launch: yes unless DSF_PDL=0 (measurement).
+bool pdl_on();
 
 // Kernel timing (exec.h set_kernel_timing; kernel_timing.cu): events around each launch.
 bool kernel_timing_on();
@@ -76,7 +65,7 @@ Status launch(void (*kernel)(KArgs...), const LaunchParams& p, Args&&... args) {
   config.dynamicSmemBytes = p.smem;
   config.stream = p.stream;
   config.attrs = attr;
-  config.numAttrs = pdl_mode() >= 1 ? 1 : 0;
+  config.numAttrs = pdl_on() ? 1 : 0;
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
   if (start != nullptr) kernel_timing_stop(reinterpret_cast<const void*>(kernel), p.stream, start);
   return absl::OkStatus();

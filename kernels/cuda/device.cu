@@ -31,12 +31,12 @@ Status keep_pool_memory() {
 
 namespace cuda {
 
-int pdl_mode() {
-  static const int mode = [] {
+bool pdl_on() {
+  static const bool on = [] {
     const char* e = std::getenv("DSF_PDL");
-    return e == nullptr ? 2 : std::atoi(e);
+    return e == nullptr || std::atoi(e) != 0;
   }();
-  return mode;
+  return on;
 }
 
 }  // namespace cuda

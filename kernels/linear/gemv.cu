@@ -22,7 +22,6 @@ constexpr int64_t kRowsFor4 = 16384, kRowsFor2 = 6144;  // rows x products of a 
 
 struct Batch {
   LinearParams p[kMaxGemvBatch];
-  bool prefetch;  // prefetch_rows before waiting for x (cuda::pdl_mode)
 };
 
 __device__ __forceinline__ float code_at(uint32_t word, int k) {
@@ -342,8 +341,6 @@ __device__ __forceinline__ void gemv(const LinearParams& p) {
 
 template <GgmlType kType, int kRows, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const __grid_constant__ Batch b) {
-  constexpr int64_t kCtaRows = kWarps / kSplit * kRows;
-  if (b.prefetch) prefetch_rows(b.p[blockIdx.y], blockIdx.x * kCtaRows, kCtaRows);
   cuda::await_inputs();
   gemv<kType, kRows, kSplit>(b.p[blockIdx.y]);
 }
@@ -452,7 +449,6 @@ bool decode_gemv_applies(GgmlType type, const LinearParams* p, int n) {
 Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams* p, int n) {
   Batch b{};
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
-  b.prefetch = cuda::pdl_mode() >= 2;
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   switch (type) {
     case GgmlType::kQ2_K: return launch_rows<GemvK, GgmlType::kQ2_K>(p[0].rows, p[0].cols, n, st, b);

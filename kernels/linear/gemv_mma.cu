@@ -360,24 +360,19 @@ struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
-  bool prefetch;  // prefetch_rows before waiting for x (cuda::pdl_mode)
 };
 
 template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
-  constexpr int64_t kTileRows = cta_warps<kSlices>() / kSlices * 16;
-  const LinearParams& p = b.p[blockIdx.y];
-  const int64_t cta_rows = kTileRows * b.tiles_per_cta;
-  if (b.prefetch) prefetch_rows(p, blockIdx.x * cta_rows, cta_rows);
   cuda::await_inputs();
+  const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x(p.x, b.n_blocks);
   mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
 // second weight of the same shape (up beside gate, on one x), products n .. 2n - 1 are its
-// experts ids[0 .. n) into y2. The expert ids come from an earlier kernel, so the weights'
-// prefetch waits for them and overlaps the digit split instead.
+// experts ids[0 .. n) into y2.
 struct ExpertMma {
   LinearParams p;  // expert 0's rows, product 0's x and y
   const int32_t* ids;
@@ -388,13 +383,11 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
-  bool prefetch;
 };
 
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
-  constexpr int64_t kTileRows = cta_warps<kSlices>() / kSlices * 16;
   LinearParams p = b.p;
   int k = blockIdx.y;
   int64_t stride = b.expert_bytes;
@@ -402,8 +395,6 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  const int64_t cta_rows = kTileRows * b.tiles_per_cta;
-  if (b.prefetch) prefetch_rows(p, blockIdx.x * cta_rows, cta_rows);
   const XDigits x = split_x(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
@@ -512,7 +503,6 @@ bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows,
 Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
-  b.prefetch = cuda::pdl_mode() >= 2;
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
   return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b);
@@ -528,8 +518,7 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1,
-                    cuda::pdl_mode() >= 2};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);

@@ -7,9 +7,6 @@
 #include "common/quant/quant.h"
 #include "common/status.h"
 #include "kernels/exec.h"
-#ifdef __CUDACC__
-#include "kernels/cuda/cuda_util.cuh"
-#endif
 
 namespace dsflash::kernels {
 
@@ -24,14 +21,6 @@ struct LinearParams {
   int block_elems, block_bytes;
   bool round_bf16;
 };
-
-#ifdef __CUDACC__
-// A decode GEMV's prologue under programmatic dependent launch (cuda_util.cuh): an L2 prefetch
-// of the CTA's rows [row0, row0 + n) of p's weights, issued before the kernel waits for x.
-__device__ __forceinline__ void prefetch_rows(const LinearParams& p, int64_t row0, int64_t n) {
-  if (row0 < p.rows) cuda::prefetch_l2(p.w + row0 * p.row_bytes, (n < p.rows - row0 ? n : p.rows - row0) * p.row_bytes);
-}
-#endif
 
 // The decode GEMVs (one token, Q2_K / Q3_K / Q4_K / Q6_K, gemv.cu): whether they take these
 // n products (same type and shape, aligned), and their launch (one launch for all n, n <= 16).
