@@ -1,6 +1,6 @@
 // Sampling pipeline: penalties -> greedy or (temperature -> top-k -> softmax -> top-p ->
 // min-p -> draw). Candidates are ordered by logit (ties: lower id) so the draw is
-// deterministic for a seed; they are sorted only as far as the draw reads them.
+// deterministic for a seed; they are sorted only where the draw reads them one by one.
 #include "inference_svc/engine/sampler.h"
 
 #include <algorithm>
@@ -14,103 +14,102 @@ namespace dsflash::engine {
 namespace {
 
 // The candidates of a draw in their order (logit descending, then id ascending: what a stable
-// sort of the ids gives), sorted only as far as a draw reads them: a vocabulary of 129k sorted
-// whole took ~15-25 ms a token, more than the model's decode step, while top-k, top-p, min-p and
-// most draws stop within the first few hundred. Each candidate's probability is
+// sort of the ids gives), sorted only where a draw reads them one by one: a vocabulary of 129k
+// sorted whole took 13-19 ms a draw, more than the model's decode step. A sorted prefix serves
+// top-k and the likely head; past it, a running sum crosses a threshold (top-p, the draw) by
+// passing halves of the rest by their summed mass (split at the median candidate), sorting only
+// the 64 or fewer it lands among. Throughout, candidates [0, n) hold the first n as a set and
+// every range split is a contiguous run of the order. Each candidate's probability is
 // exp(logit / T - max / T) / sum, as the full sort computed it.
 class Candidates {
-  using Entry = std::pair<float, int32_t>;  // (logit, id)
-  static bool before(const Entry& a, const Entry& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  }
+  using Entry = Sampler::Candidate;
+  struct Before {
+    bool operator()(const Entry& a, const Entry& b) const {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    }
+  };
+  static constexpr Before before{};
 
  public:
-  Candidates(const std::vector<float>& logits, float temperature) : t_(temperature), c_(logits.size()) {
+  // entries, weights: the sampler's scratch (kept between draws: fresh megabytes a draw cost
+  // page faults).
+  Candidates(const std::vector<float>& logits, float temperature, std::vector<Entry>& entries,
+             std::vector<double>& weights)
+      : t_(temperature), c_(entries), all_(weights) {
+    c_.resize(logits.size());
     for (size_t j = 0; j < logits.size(); ++j) c_[j] = {logits[j], static_cast<int32_t>(j)};
+    all_.clear();
   }
 
-  // Sorts the first min(m, V) candidates (into place; earlier ones stay put).
-  void sort_prefix(size_t m) {
-    m = std::min(m, c_.size());
-    if (m <= sorted_) return;
-    const auto from = at(sorted_), to = at(m);
-    if (m < c_.size()) std::nth_element(from, to, c_.end(), before);
-    std::sort(from, to, before);
-    sorted_ = m;
-  }
-  // Sets the normaliser: the sum over the first n candidates (in candidate order when n < V, so
-  // a top-k draw adds exactly as the full sort did; over the whole vocabulary in id order, each
-  // weight kept for the draw).
+  // Sorts the first n candidates when n < V (a top-k draw then adds its normaliser exactly as
+  // the full sort did), else the first 256 and keeps every weight (summed in id order).
   void normalise(size_t n) {
-    sort_prefix(std::min<size_t>(n, 256));
+    sorted_ = std::min(n < c_.size() ? n : 256, c_.size());
+    if (sorted_ < c_.size()) std::nth_element(c_.begin(), at(sorted_), c_.end(), before);
+    std::sort(c_.begin(), at(sorted_), before);
     mx_ = c_[0].first / t_;
     sum_ = 0;
     if (n < c_.size()) {
-      sort_prefix(n);
       for (size_t i = 0; i < n; ++i) sum_ += weight(c_[i].first);
       return;
     }
     all_.resize(c_.size());
     for (const Entry& e : c_) sum_ += (all_[static_cast<size_t>(e.second)] = weight(e.first));
   }
-  // The i-th candidate's probability (sorting further on demand, doubling).
-  double prob(size_t i) {
-    if (i >= sorted_) sort_prefix(std::max(2 * sorted_, i + 1));
-    while (prob_.size() <= i) prob_.push_back(p(prob_.size()));
-    return prob_[i];
+  // Candidate k's probability, wherever it stands.
+  double p(size_t k) const {
+    return (all_.empty() ? weight(c_[k].first) : all_[static_cast<size_t>(c_[k].second)]) / sum_;
   }
-  // The sum of all V probabilities, in id order (no sort; after normalise(V)).
-  double total_all() const {
-    double total = 0;
-    for (double w : all_) total += w / sum_;
-    return total;
-  }
-  // The draw: the first of the first n candidates at which r, less each probability in
-  // candidate order, reaches zero (the n-th if rounding never gets there). Past the sorted
-  // prefix (n = V: a pure temperature draw) halves of the rest are passed by their summed mass
-  // (split at the median candidate), so only the 64 or fewer the draw lands among are sorted.
-  int32_t draw(size_t n, double r) {
+  // The first i < n (in candidate order) at which the running sum of probabilities reaches x,
+  // that candidate then at position i; n if the sum never gets there (rounding).
+  size_t cross(double x, size_t n) {
+    double acc = 0;
     for (size_t i = 0; i < std::min(n, sorted_); ++i) {
-      if ((r -= prob(i)) <= 0) return c_[i].second;
+      if ((acc += p(i)) >= x) return i;
     }
-    if (n <= sorted_) return c_[n - 1].second;
-    size_t lo = sorted_, hi = c_.size();
+    size_t lo = std::min(n, sorted_), hi = n;
     while (hi - lo > 64) {
       const size_t mid = lo + (hi - lo) / 2;
       std::nth_element(at(lo), at(mid), at(hi), before);
       double mass = 0;
       for (size_t k = lo; k < mid; ++k) mass += p(k);
-      if (mass >= r) {
+      if (acc + mass >= x) {
         hi = mid;
       } else {
-        r -= mass;
+        acc += mass;
         lo = mid;
       }
     }
-    for (size_t end : {hi, c_.size()}) {  // the landing run, then (rounding) the rest in order
+    for (size_t end : {hi, n}) {  // the landing run, then (rounding) the rest in order
       std::sort(at(lo), at(end), before);
       for (size_t k = lo; k < end; ++k) {
-        if ((r -= p(k)) <= 0) return c_[k].second;
+        if ((acc += p(k)) >= x) return k;
       }
       lo = end;
     }
-    return c_.back().second;
+    return n;
   }
+  // Of the first n, keeps those of probability >= floor (a prefix of the order, at least one)
+  // at the front; returns how many.
+  size_t keep_at_least(double floor, size_t n) {
+    const auto kept = std::partition(c_.begin(), at(n), [&](const Entry& e) {
+      return (all_.empty() ? weight(e.first) : all_[static_cast<size_t>(e.second)]) / sum_ >= floor;
+    });
+    const size_t k = static_cast<size_t>(kept - c_.begin());
+    if (k < sorted_) sorted_ = k;  // the partition may move sorted entries (only when k < sorted_)
+    return std::max<size_t>(1, k);
+  }
+  int32_t id(size_t i) const { return c_[i].second; }
 
  private:
   std::vector<Entry>::iterator at(size_t k) { return c_.begin() + static_cast<long>(k); }
   double weight(float logit) const { return std::exp(logit / t_ - mx_); }
-  // Candidate k's probability, wherever it stands.
-  double p(size_t k) const {
-    return (all_.empty() ? weight(c_[k].first) : all_[static_cast<size_t>(c_[k].second)]) / sum_;
-  }
 
   float t_;
-  std::vector<Entry> c_;
+  std::vector<Entry>& c_;
   size_t sorted_ = 0;
   double mx_ = 0, sum_ = 0;
-  std::vector<double> all_;   // every id's weight, when the normaliser covers them all
-  std::vector<double> prob_;  // the sorted candidates' probabilities so far
+  std::vector<double>& all_;  // every id's weight, when the normaliser covers them all
 };
 
 }  // namespace
@@ -129,30 +128,16 @@ int32_t Sampler::sample(std::vector<float>& logits, const std::vector<int32_t>& 
   if (p_.temperature <= 0.0f) {
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
-  Candidates c(logits, p_.temperature);
+  Candidates c(logits, p_.temperature, entries_, weights_);
   size_t n = V;
   if (p_.top_k > 0) n = std::min<size_t>(n, static_cast<size_t>(p_.top_k));
   c.normalise(n);
-  if (p_.top_p < 1.0f) {
-    double acc = 0;
-    size_t keep = 0;
-    while (keep < n && (keep == 0 || acc < p_.top_p)) acc += c.prob(keep++);
-    n = keep;
-  }
-  if (p_.min_p > 0.0f) {
-    const double floor = c.prob(0) * p_.min_p;
-    size_t keep = 1;
-    while (keep < n && c.prob(keep) >= floor) ++keep;
-    n = keep;
-  }
+  if (p_.top_p < 1.0f) n = std::min(n, c.cross(p_.top_p, n) + 1);
+  if (p_.min_p > 0.0f) n = c.keep_at_least(c.p(0) * p_.min_p, n);
   double total = 0;
-  if (n < V) {
-    for (size_t i = 0; i < n; ++i) total += c.prob(i);
-  } else {
-    total = c.total_all();
-  }
+  for (size_t k = 0; k < n; ++k) total += c.p(k);
   std::uniform_real_distribution<double> u(0.0, total);
-  return c.draw(n, u(rng_));
+  return c.id(std::min(c.cross(u(rng_), n), n - 1));
 }
 
 TokenLogprob Sampler::logprobs(const std::vector<float>& raw, int32_t chosen, uint32_t top_n) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace dsflash::engine {
@@ -36,9 +37,13 @@ class Sampler {
   // Log-softmax of raw logits: the chosen token's value and the top-n alternatives.
   static TokenLogprob logprobs(const std::vector<float>& raw, int32_t chosen, uint32_t top_n);
 
+  using Candidate = std::pair<float, int32_t>;  // (logit, id)
+
  private:
   SamplingParams p_;
   std::mt19937_64 rng_;
+  std::vector<Candidate> entries_;  // scratch of sample(), kept between draws
+  std::vector<double> weights_;
 };
 
 }  // namespace dsflash::engine
