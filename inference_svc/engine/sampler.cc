@@ -57,9 +57,7 @@ class Candidates {
     for (const Entry& e : c_) sum_ += (all_[static_cast<size_t>(e.second)] = weight(e.first));
   }
   // Candidate k's probability, wherever it stands.
-  double p(size_t k) const {
-    return (all_.empty() ? weight(c_[k].first) : all_[static_cast<size_t>(c_[k].second)]) / sum_;
-  }
+  double p(size_t k) const { return prob_of(c_[k]); }
   // The first i < n (in candidate order) at which the running sum of probabilities reaches x,
   // that candidate then at position i; n if the sum never gets there (rounding).
   size_t cross(double x, size_t n) {
@@ -89,14 +87,17 @@ class Candidates {
     }
     return n;
   }
-  // Of the first n, keeps those of probability >= floor (a prefix of the order, at least one)
-  // at the front; returns how many.
+  // Of the first n, keeps those of probability >= floor (a prefix of the order: probability
+  // falls with it) at the front; returns how many (at least one). The sorted prefix is counted,
+  // and only if all of it stays is the unsorted rest partitioned.
   size_t keep_at_least(double floor, size_t n) {
-    const auto kept = std::partition(c_.begin(), at(n), [&](const Entry& e) {
-      return (all_.empty() ? weight(e.first) : all_[static_cast<size_t>(e.second)]) / sum_ >= floor;
-    });
-    const size_t k = static_cast<size_t>(kept - c_.begin());
-    if (k < sorted_) sorted_ = k;  // the partition may move sorted entries (only when k < sorted_)
+    const size_t head = std::min(n, sorted_);
+    size_t k = 0;
+    while (k < head && p(k) >= floor) ++k;
+    if (k == head && n > head) {
+      const auto kept = std::partition(at(head), at(n), [&](const Entry& e) { return prob_of(e) >= floor; });
+      k = static_cast<size_t>(kept - c_.begin());
+    }
     return std::max<size_t>(1, k);
   }
   int32_t id(size_t i) const { return c_[i].second; }
@@ -104,6 +105,9 @@ class Candidates {
  private:
   std::vector<Entry>::iterator at(size_t k) { return c_.begin() + static_cast<long>(k); }
   double weight(float logit) const { return std::exp(logit / t_ - mx_); }
+  double prob_of(const Entry& e) const {
+    return (all_.empty() ? weight(e.first) : all_[static_cast<size_t>(e.second)]) / sum_;
+  }
 
   float t_;
   std::vector<Entry>& c_;
