@@ -67,7 +67,9 @@ TEST(EngineConcurrency, EveryAdmittedRequestEndsOnceUnderConcurrentSubmitCancelA
       const Status s = engine.submit(std::move(p), r);
       std::lock_guard<std::mutex> l(mu);
       (s.ok() ? admitted : refused).push_back(r);
-      if (!s.ok()) EXPECT_TRUE(absl::IsResourceExhausted(s) || absl::IsUnavailable(s)) << s;
+      if (!s.ok()) {
+        EXPECT_TRUE(absl::IsResourceExhausted(s) || absl::IsUnavailable(s)) << s;
+      }
     }
   };
   std::vector<std::thread> threads;
