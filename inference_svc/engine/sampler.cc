@@ -42,7 +42,8 @@ class Candidates {
   }
 
   // Sorts the first n candidates when n < V (a top-k draw then adds its normaliser exactly as
-  // the full sort did), else the first 256 and keeps every weight (summed in id order).
+  // the full sort did), else the first 256 and keeps every weight (summed in storage order,
+  // not the full sort's: only the last bits of the normaliser can differ).
   void normalise(size_t n) {
     sorted_ = std::min(n < c_.size() ? n : 256, c_.size());
     if (sorted_ < c_.size()) std::nth_element(c_.begin(), at(sorted_), c_.end(), before);
