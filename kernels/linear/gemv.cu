@@ -503,10 +503,12 @@ Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, O
 
 namespace {
 
-// The tensor-core expert GEMVs: Q2_K reads words (blocks 4-byte aligned), Q3_K half-words.
-bool experts_mma_aligned(const Weight& w, int64_t expert_bytes) {
+// Whether the tensor-core expert GEMV can take n products of w (whatever their size): Q2_K
+// reads words (blocks 4-byte aligned), Q3_K half-words; one launch holds kMaxGemvBatch.
+bool experts_mma_fits(const Weight& w, int64_t expert_bytes, int n) {
   const uintptr_t a = w.type == GgmlType::kQ2_K ? 4 : w.type == GgmlType::kQ3_K ? 2 : 0;
-  return a != 0 && reinterpret_cast<uintptr_t>(w.data) % a == 0 && expert_bytes % static_cast<int64_t>(a) == 0;
+  return a != 0 && reinterpret_cast<uintptr_t>(w.data) % a == 0 && expert_bytes % static_cast<int64_t>(a) == 0 &&
+         n <= kMaxGemvBatch;
 }
 
 // linear_experts_cuda; mma: 0 the fp32 kernels, 1 the tensor cores where they pay
@@ -520,7 +522,7 @@ Status experts_gemv(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, c
   if (!decode_gemv_applies(w.type, &b.p, 1) || expert_bytes % static_cast<int64_t>(w_align) != 0 || x_stride % 4 != 0) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_cuda: no decode GEMV for ", t.name, " at this alignment"));
   }
-  const bool mma_fits = experts_mma_aligned(w, expert_bytes) && n <= kMaxGemvBatch;
+  const bool mma_fits = experts_mma_fits(w, expert_bytes, n);
   if (mma == 2 && !mma_fits) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_mma_cuda: no tensor-core GEMV for ", t.name, " here"));
   }
@@ -553,7 +555,7 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
                                    int64_t y_stride, OutRound round) {
   if (n <= 0) return absl::OkStatus();
   const bool same = gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
-  if (same && experts_mma_aligned(gate, gate_bytes) && experts_mma_aligned(up, up_bytes) && n <= kMaxGemvBatch &&
+  if (same && experts_mma_fits(gate, gate_bytes, n) && experts_mma_fits(up, up_bytes, n) &&
       linear_experts_supported(gate, gate_bytes) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
       experts_mma_applies(gate.type, gate.rows, gate.cols, 2 * n)) {
     return launch_experts_mma(ctx, gate.type, one_token(gate, x, y_gate, round), ids, gate_bytes, n, 0, y_stride, up.data,

@@ -417,7 +417,8 @@ int sm_count() {
 template <template <int> class K, int kSlices, typename Arg>
 Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
   constexpr int kCtaWarps = cta_warps<kSlices>();
-  const int64_t tiles = (rows + 16 * kCtaWarps / kSlices - 1) / (16 * kCtaWarps / kSlices);
+  constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;  // as mma_tiles
+  const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
   const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
   int per_sm = 0;
   CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, K<kSlices>::fn, kCtaWarps * 32, smem));
@@ -482,9 +483,10 @@ int mma_mode() {
 }
 
 // Whether n products of rows x cols take the tensor cores: x's digits fit a CTA's shared
-// memory, and from ~4k (16-row group, block) pairs a launch (below, the fp32 kernels finished
-// first when the digits took a launch of their own; H200: q_a 5120 -> 1280, kv 5120 -> 512,
-// 2304 -> 5120).
+// memory, and from ~4k (16-row group, block) pairs a launch. Below it (H200: q_a 5120 -> 1280,
+// kv 5120 -> 512, 2304 -> 5120) the fp32 kernels were faster while the digits took a launch of
+// their own, and as fast since the split moved into the kernel (decode 76.3 tok/s with every
+// Q4_K product on the tensor cores, 76.8 with the threshold).
 bool mma_pays(int64_t rows, int64_t cols, int n) {
   if (cols / 256 > kMaxMmaBlocks || mma_mode() == 0) return false;
   return mma_mode() == 2 || (rows + 15) / 16 * (cols / 256) * n >= 4096;
