@@ -48,7 +48,9 @@ constexpr const char* kUsage =
     "  --prefetch-next-layer on|off  cuda + --expert-store: hint layer l+1's likely experts from\n"
     "                          layer l (default off; see LoadOptions::prefetch_next_layer)\n"
     "  --expert-activations f32|q8  cuda: decode's Q2_K/Q3_K routed-expert GEMVs read fp32\n"
-    "                          activations (default) or 8-bit ones with dp4a (LoadOptions::expert_act_q8)\n";
+    "                          activations (default) or 8-bit ones with dp4a (LoadOptions::expert_act_q8)\n"
+    "  --sampling device|host  cuda: draw tokens on the device (default; requests with logprobs are\n"
+    "                          drawn on the host) or always on the host\n";
 
 struct Flags {
   std::string model;
@@ -64,6 +66,7 @@ struct Flags {
   dsflash::model::LoadOptions::EngramTables engram_tables = dsflash::model::LoadOptions::EngramTables::kAuto;
   bool prefetch_next_layer = false;
   bool expert_act_q8 = false;
+  bool device_sampling = true;
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -98,6 +101,10 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     }
     if (a == "--expert-activations" && value(&v) && (v == "f32" || v == "q8")) {
       f->expert_act_q8 = v == "q8";
+      continue;
+    }
+    if (a == "--sampling" && value(&v) && (v == "device" || v == "host")) {
+      f->device_sampling = v == "device";
       continue;
     }
     if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
@@ -288,6 +295,7 @@ int main(int argc, char** argv) {
   opt.max_queue = flags.max_queue;
   opt.default_max_new_tokens = flags.max_new_tokens;
   opt.prefill_chunk = flags.prefill_chunk;
+  opt.device_sampling = flags.device_sampling;
   engine::Engine eng(*l.model, *l.tok, &metrics, opt);
   api::Backend backend{&eng, l.tok.get(), &l.model->config(), nullptr};
   if (client) backend.available = [client] { return client->availability(); };

@@ -177,18 +177,28 @@ class Output {
       : p_(p), tok_(tok), sampler_(p.sampling), detok_(tok, p.output.skip_special_tokens),
         stops_(p.stop.stop, p.stop.include_stop_in_output) {}
 
-  // Samples the next token from `logits` into `ev`; true when the generation ends (with
+  // Samples the next token from `logits` (host) into `ev`; true when the generation ends (with
   // fin.reason / fin.matched_stop set). room: positions left in the context for the token.
   StatusOr<bool> step(std::vector<float>& logits, int64_t room, TokensEvent& ev, FinalEvent& fin) {
-    const bool may_stop = generated_.size() >= p_.stop.min_new_tokens;
-    if (!may_stop) {
-      if (!p_.stop.ignore_eos && tok_.eos() >= 0) logits[tok_.eos()] = -INFINITY;
-      for (int32_t t : p_.stop.stop_token_ids) logits[t] = -INFINITY;
-    }
+    for (int32_t t : banned()) logits[t] = -INFINITY;
     std::vector<float> raw;
     if (p_.output.logprobs) raw = logits;  // before sampling penalties
     const int32_t token = sampler_.sample(logits, generated_);
     if (p_.output.logprobs) ev.logprobs.push_back(Sampler::logprobs(raw, token, p_.output.top_logprobs));
+    return accept(token, room, ev, fin);
+  }
+  // The next draw made on the device instead (the same edits, filters and seeded uniform).
+  model::DeviceDraw device_draw() {
+    model::DeviceDraw d;
+    d.params = sampler_.params();
+    d.penalties = sampler_.penalties();
+    d.edits = kernels::sample::make_edits(generated_, banned(), d.penalties);
+    d.u01 = sampler_.next_uniform();
+    return d;
+  }
+  // Takes the drawn token into `ev`: as step() after its draw.
+  StatusOr<bool> accept(int32_t token, int64_t room, TokensEvent& ev, FinalEvent& fin) {
+    const bool may_stop = generated_.size() >= p_.stop.min_new_tokens;
     generated_.push_back(token);
     ev.ids.push_back(token);
     bool done = false;
@@ -219,6 +229,14 @@ class Output {
   size_t n_generated() const { return generated_.size(); }
 
  private:
+  // Ids that may not come next: EOS and the stop ids before min_new_tokens.
+  std::vector<int32_t> banned() const {
+    if (generated_.size() >= p_.stop.min_new_tokens) return {};
+    std::vector<int32_t> ids = p_.stop.stop_token_ids;
+    if (!p_.stop.ignore_eos && tok_.eos() >= 0) ids.push_back(tok_.eos());
+    return ids;
+  }
+
   const GenerateParams& p_;
   const tok::Tokenizer& tok_;
   Sampler sampler_;
@@ -250,20 +268,29 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
   };
   auto seq = model_.new_sequence();
   if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a new sequence");
+  Output out(p, tok_);
+  // On the CUDA backend the next token is drawn on the device after the prompt's last chunk
+  // and every decode step; logprobs need the logits on the host.
+  const bool on_device = opt_.device_sampling && model_.draws_on_device() && !p.output.logprobs;
   std::vector<float> logits;
+  int32_t drawn = -1;
+  auto run = [&](const std::vector<int32_t>& tokens, bool last) -> Status {
+    if (last && on_device) return model_.forward_draw(*seq, tokens, out.device_draw(), &drawn);
+    return model_.forward(*seq, tokens, false, &logits);
+  };
   const size_t chunk = std::max<uint32_t>(1, opt_.prefill_chunk);
   for (size_t at = 0; at < p.prompt.size(); at += chunk) {
     RETURN_IF_ERROR(check());
     const size_t n = std::min(chunk, p.prompt.size() - at);
-    RETURN_IF_ERROR(model_.forward(*seq, std::vector<int32_t>(p.prompt.begin() + at, p.prompt.begin() + at + n), false, &logits));
+    RETURN_IF_ERROR(run(std::vector<int32_t>(p.prompt.begin() + at, p.prompt.begin() + at + n), at + n == p.prompt.size()));
   }
   const auto prefill_done = Clock::now();
   if (metrics_) metrics_->prefill_time->Observe(seconds(prefill_done - start));
-  Output out(p, tok_);
   auto last_token = prefill_done;
   for (;;) {
     TokensEvent ev;
-    ASSIGN_OR_RETURN(const bool done, out.step(logits, model_.config().n_ctx - seq->n_past, ev, fin));
+    const int64_t room = model_.config().n_ctx - seq->n_past;
+    ASSIGN_OR_RETURN(const bool done, on_device ? out.accept(drawn, room, ev, fin) : out.step(logits, room, ev, fin));
     const int32_t token = ev.ids.back();
     const auto now = Clock::now();
     const bool first = out.n_generated() == 1;
@@ -276,7 +303,7 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
     job.stream->on_tokens(std::move(ev));
     if (done) break;
     RETURN_IF_ERROR(check());
-    RETURN_IF_ERROR(model_.forward(*seq, {token}, false, &logits));
+    RETURN_IF_ERROR(run({token}, true));
   }
   fin.completion_tokens = static_cast<uint32_t>(out.n_generated());
   fin.e2e_s = seconds(Clock::now() - job.admitted);

@@ -87,6 +87,9 @@ struct EngineOptions {
   uint32_t max_stop_bytes = 256;
   uint32_t max_top_logprobs = 20;
   uint32_t prefill_chunk = 256;          // prompt tokens per model call (cancellation is checked between)
+  // CUDA backend: tokens are drawn on the device (Model::forward_draw) unless the request asks
+  // for logprobs, which need the logits on the host. Off: every draw on the host (measurement).
+  bool device_sampling = true;
 };
 
 class Engine {

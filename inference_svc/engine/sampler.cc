@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <unordered_map>
 #include <utility>
 
 namespace dsflash::engine {
@@ -120,29 +119,19 @@ class Candidates {
 }  // namespace
 
 int32_t Sampler::sample(std::vector<float>& logits, const std::vector<int32_t>& generated) {
-  const size_t V = logits.size();
-  if (p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
-    std::unordered_map<int32_t, int> counts;
-    for (int32_t t : generated) ++counts[t];
-    for (const auto& [t, n] : counts) {
-      float& l = logits[t];
-      if (p_.repetition_penalty != 1.0f) l = l > 0 ? l / p_.repetition_penalty : l * p_.repetition_penalty;
-      l -= p_.presence_penalty + p_.frequency_penalty * static_cast<float>(n);
-    }
-  }
+  kernels::sample::apply_edits(logits.data(), kernels::sample::make_edits(generated, {}, penalties()), penalties());
   if (p_.temperature <= 0.0f) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    return kernels::sample::argmax(logits.data(), static_cast<int64_t>(logits.size()));
   }
   Candidates c(logits, p_.temperature, entries_, weights_);
-  size_t n = V;
+  size_t n = logits.size();
   if (p_.top_k > 0) n = std::min<size_t>(n, static_cast<size_t>(p_.top_k));
   c.normalise(n);
   if (p_.top_p < 1.0f) n = std::min(n, c.cross(p_.top_p, n) + 1);
   if (p_.min_p > 0.0f) n = c.keep_at_least(c.p(0) * p_.min_p, n);
   double total = 0;
   for (size_t k = 0; k < n; ++k) total += c.p(k);
-  std::uniform_real_distribution<double> u(0.0, total);
-  return c.id(std::min(c.cross(u(rng_), n), n - 1));
+  return c.id(std::min(c.cross(next_uniform() * total, n), n - 1));
 }
 
 TokenLogprob Sampler::logprobs(const std::vector<float>& raw, int32_t chosen, uint32_t top_n) {

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/sample/sample.h"
+
 namespace dsflash::engine {
 
 struct SamplingParams {
@@ -34,6 +36,14 @@ class Sampler {
   explicit Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {}
   // Picks the next token from logits [V] (modified in place) given the tokens generated so far.
   int32_t sample(std::vector<float>& logits, const std::vector<int32_t>& generated);
+  // The same draw made elsewhere (the device: kernels/sample/sample_cuda.h): its filters, its
+  // penalties, and its uniform in [0, 1) (0 when greedy), taken from the seeded generator as
+  // sample() takes it, so a seed gives the same tokens either way (up to summation rounding).
+  kernels::sample::Params params() const { return {p_.temperature, p_.top_k, p_.top_p, p_.min_p}; }
+  kernels::sample::Penalties penalties() const {
+    return {p_.repetition_penalty, p_.presence_penalty, p_.frequency_penalty};
+  }
+  double next_uniform() { return p_.temperature > 0.0f ? std::generate_canonical<double, 53>(rng_) : 0.0; }
   // Log-softmax of raw logits: the chosen token's value and the top-n alternatives.
   static TokenLogprob logprobs(const std::vector<float>& raw, int32_t chosen, uint32_t top_n);
 

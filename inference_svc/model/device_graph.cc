@@ -156,7 +156,7 @@ Status DeviceModel::capture(DeviceSequence& ds, Sequence& seq, int parity) const
 }
 
 // One decode step from the graph of its parity (captured first if needed).
-Status DeviceModel::graph_step(Sequence& seq, int32_t token, std::vector<float>* logits) const {
+Status DeviceModel::graph_step(Sequence& seq, int32_t token, const DeviceOut& out) const {
   DeviceSequence& ds = *seq.device;
   DecodeGraphs& g = ds.graphs;
   const int64_t pos = seq.n_past;
@@ -185,14 +185,11 @@ Status DeviceModel::graph_step(Sequence& seq, int32_t token, std::vector<float>*
   RETURN_IF_ERROR(kernels::copy(ds.ctx, Copy::kHostToDevice, g.step.get(), v,
                                 (StepSlots::kEngram + eids.size()) * sizeof(int64_t)));
   const int parity = static_cast<int>(pos % 2);
-  if (streamed_ != nullptr) return segmented_step(seq, token, parity, logits);
+  if (streamed_ != nullptr) return segmented_step(seq, token, parity, out);
   if (g.exec[parity] == nullptr) RETURN_IF_ERROR(capture(ds, seq, parity));
   RETURN_IF_ERROR(kernels::graph_launch(ds.ctx, g.exec[parity]));
   ++replays_;
-  logits->assign(static_cast<size_t>(output_.rows), 0.0f);
-  RETURN_IF_ERROR(
-      kernels::copy(ds.ctx, Copy::kDeviceToHost, logits->data(), g.logits.get(), output_.rows * sizeof(float)));
-  RETURN_IF_ERROR(kernels::stream_sync(ds.ctx));
+  RETURN_IF_ERROR(deliver(ds, g.logits.get(), 1, out));
   for (const auto& [rows, n] : g.appends[parity]) rows->rows += n;  // the rows the replay appended
   return absl::OkStatus();
 }
@@ -201,7 +198,7 @@ Status DeviceModel::graph_step(Sequence& seq, int32_t token, std::vector<float>*
 // waits for it, gives back the previous layer's leases (their kernels have run), acquires the
 // layer's experts and writes their slots where segment i + 1 reads them. A capture that fails
 // turns segments off for the model and the step runs eagerly.
-Status DeviceModel::segmented_step(Sequence& seq, int32_t token, int parity, std::vector<float>* logits) const {
+Status DeviceModel::segmented_step(Sequence& seq, int32_t token, int parity, const DeviceOut& out) const {
   DeviceSequence& ds = *seq.device;
   DecodeGraphs& g = ds.graphs;
   {
@@ -216,7 +213,7 @@ Status DeviceModel::segmented_step(Sequence& seq, int32_t token, int parity, std
     if (!captured.ok()) {
       segments_ok_ = false;
       log::warn("streamed decode runs op by op from now on: %s", std::string(captured.message()).c_str());
-      return eager(seq, {token}, false, logits);
+      return eager(seq, {token}, out);
     }
   }
   const std::vector<void*>& segs = g.segments[parity];
@@ -237,10 +234,7 @@ Status DeviceModel::segmented_step(Sequence& seq, int32_t token, int parity, std
     }
   }
   ++replays_;
-  logits->assign(static_cast<size_t>(output_.rows), 0.0f);
-  RETURN_IF_ERROR(
-      kernels::copy(ds.ctx, Copy::kDeviceToHost, logits->data(), g.logits.get(), output_.rows * sizeof(float)));
-  RETURN_IF_ERROR(kernels::stream_sync(ds.ctx));
+  RETURN_IF_ERROR(deliver(ds, g.logits.get(), 1, out));
   call.release_leases();
   for (const auto& [rows, n] : g.appends[parity]) rows->rows += n;
   return absl::OkStatus();

@@ -77,6 +77,7 @@ DeviceSequence::~DeviceSequence() {
   if (ctx.cuda_stream != nullptr) {
     (void)kernels::stream_sync(ctx);
     graphs.release();
+    sampler.reset();
     layers.clear();  // frees on the stream before it goes
     (void)kernels::stream_sync(ctx);
     kernels::stream_destroy(ctx.cuda_stream);
@@ -214,11 +215,26 @@ StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::new_sequence() const {
   return s;
 }
 
-Status DeviceModel::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits,
-                            std::vector<float>* logits) const {
+Status DeviceModel::forward(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceOut& out) const {
   const int64_t S = static_cast<int64_t>(tokens.size());
-  if (graph_eligible(seq, S)) return graph_step(seq, tokens[0], logits);
-  return eager(seq, tokens, all_logits, logits);
+  if (graph_eligible(seq, S)) return graph_step(seq, tokens[0], out);
+  return eager(seq, tokens, out);
+}
+
+Status DeviceModel::deliver(DeviceSequence& ds, float* logits, int64_t rows, const DeviceOut& out) const {
+  const int64_t V = output_.rows;
+  if (out.draw == nullptr) {
+    out.logits->assign(static_cast<size_t>(rows * V), 0.0f);
+    RETURN_IF_ERROR(kernels::copy(ds.ctx, Copy::kDeviceToHost, out.logits->data(), logits, rows * V * sizeof(float)));
+    return kernels::stream_sync(ds.ctx);
+  }
+  if (ds.sampler == nullptr) {
+    ASSIGN_OR_RETURN(ds.sampler, kernels::sample::DeviceSampler::create(ds.ctx, V));
+  }
+  const DeviceDraw& d = *out.draw;
+  // The logits are the pass's own buffer: the draw's edits change them in place.
+  ASSIGN_OR_RETURN(*out.token, ds.sampler->draw(logits + (rows - 1) * V, V, d.edits, d.penalties, d.params, d.u01));
+  return absl::OkStatus();
 }
 
 StatusOr<std::vector<int64_t>> DeviceModel::engram_ids(const Sequence& seq, int64_t pos0, int64_t S) const {
@@ -238,11 +254,11 @@ StatusOr<std::vector<int64_t>> DeviceModel::engram_ids(const Sequence& seq, int6
   return ids;
 }
 
-// A call run as issued: token and Engram ids uploaded, the pass, the logits copied back.
-Status DeviceModel::eager(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits,
-                          std::vector<float>* logits) const {
+// A call run as issued: token and Engram ids uploaded, the pass, its logits handed back.
+Status DeviceModel::eager(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceOut& dout) const {
   DeviceSequence& ds = *seq.device;
   const ExecCtx& ctx = ds.ctx;
+  const bool all_logits = dout.all_logits;
   const int64_t S = static_cast<int64_t>(tokens.size()), V = output_.rows, n = all_logits ? S : 1;
   Call call(ctx, ds);
   call.source = streamed_;
@@ -268,9 +284,7 @@ Status DeviceModel::eager(Sequence& seq, const std::vector<int32_t>& tokens, boo
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, ids.get(), ids_h.data(), S * sizeof(int64_t)));
   ASSIGN_OR_RETURN(auto out, DevBuf<float>::make(ctx, n * V));
   RETURN_IF_ERROR(pass(call, ids.get(), all_logits, out.get()));
-  logits->assign(static_cast<size_t>(n * V), 0.0f);
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, logits->data(), out.get(), n * V * sizeof(float)));
-  return kernels::stream_sync(ctx);
+  return deliver(ds, out.get(), n, dout);
 }
 
 Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float* out) const {

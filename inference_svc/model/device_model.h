@@ -25,6 +25,7 @@
 #include "kernels/exec.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_cuda.h"
+#include "kernels/sample/sample_cuda.h"
 
 namespace dsflash::model {
 
@@ -128,10 +129,20 @@ struct DecodeGraphs {
 struct DeviceSequence {
   ~DeviceSequence();
   kernels::ExecCtx ctx;  // the sequence's own stream
+  std::unique_ptr<kernels::sample::DeviceSampler> sampler;  // made by the first device draw
   std::vector<DeviceLayerState> layers;
   DecodeGraphs graphs;
   uint8_t* engram_stage = nullptr;  // pinned: Engram rows on their way to the device
   uint64_t engram_stage_bytes = 0;
+};
+
+// What a forward hands back: the logits (every position's when all_logits, else the last's)
+// copied to the host, or, with `draw`, the last position's token drawn on the device.
+struct DeviceOut {
+  bool all_logits = false;
+  std::vector<float>* logits = nullptr;
+  const DeviceDraw* draw = nullptr;
+  int32_t* token = nullptr;
 };
 
 class DeviceModel {
@@ -164,7 +175,7 @@ class DeviceModel {
 
   StatusOr<std::shared_ptr<DeviceSequence>> new_sequence() const;
   // As Model::forward after its checks (seq.engram_ids already holds this call's ids).
-  Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits) const;
+  Status forward(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceOut& out) const;
   // Milliseconds per phase summed over the forwards run while profiling was on (each phase then
   // ends with a stream synchronisation, which slows the pass down, and decode runs eagerly);
   // turning it on clears them.
@@ -183,14 +194,17 @@ class DeviceModel {
   Status upload_layer(const gguf::Model& file, int l);
   // The pass from token ids (device) to logits (device, rows first..S-1 of `out`).
   Status pass(Call& call, const int64_t* ids, bool all_logits, float* out) const;
-  Status eager(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits) const;
+  Status eager(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceOut& out) const;
+  // Hands back `rows` rows of logits (device; a draw edits the last in place) as `out` asks;
+  // the stream is synchronised on return.
+  Status deliver(DeviceSequence& ds, float* logits, int64_t rows, const DeviceOut& out) const;
   // Device-graph decode (device_graph.cc).
   bool graph_eligible(const Sequence& seq, int64_t S) const;
-  Status graph_step(Sequence& seq, int32_t token, std::vector<float>* logits) const;
+  Status graph_step(Sequence& seq, int32_t token, const DeviceOut& out) const;
   Status capture(DeviceSequence& ds, Sequence& seq, int parity) const;
   Status prepare_graphs(DeviceSequence& ds, int64_t pos) const;
   // A streamed decode step from its segments (captured first if needed; device_graph.cc).
-  Status segmented_step(Sequence& seq, int32_t token, int parity, std::vector<float>* logits) const;
+  Status segmented_step(Sequence& seq, int32_t token, int parity, const DeviceOut& out) const;
   // Replay of a segmented step: layer l's routed experts (K ids) acquired by the call, their
   // arena slots written to `slots`; UNAVAILABLE if they are not slots of the captured layout.
   Status acquire_routed_slots(int l, Call& call, const int32_t* experts, int32_t* slots) const;

@@ -166,8 +166,7 @@ void Model::head(const std::vector<float>& h, const std::vector<float>& pre_mix,
   kernels::linear(output_, x.data(), n, logits->data(), kernels::OutRound::kF32);
 }
 
-Status Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits,
-                      const Hook& hook) const {
+Status Model::admit(Sequence& seq, const std::vector<int32_t>& tokens) const {
   const int64_t S = static_cast<int64_t>(tokens.size());
   if (S == 0) return absl::InvalidArgumentError("forward: no tokens");
   if (seq.n_past + S > static_cast<int64_t>(cfg_.n_ctx)) {
@@ -177,19 +176,38 @@ Status Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool al
     if (t < 0 || t >= static_cast<int32_t>(cfg_.n_vocab)) {
       return absl::InvalidArgumentError(absl::StrCat("token id ", t, " is outside the vocabulary (", cfg_.n_vocab, ")"));
     }
-    seq.engram_ids.push_back(cfg_.engram.token_map[t]);
   }
-  if (device_) {
-    if (hook) return absl::InvalidArgumentError("forward hooks are a CPU-backend facility");
-    if (!seq.device) return absl::InvalidArgumentError("a CPU sequence given to the CUDA backend");
-    const Status s = device_->forward(seq, tokens, all_logits, logits);
-    if (!s.ok()) {
-      seq.engram_ids.resize(seq.engram_ids.size() - tokens.size());
-      return s;
-    }
-    seq.n_past += S;
-    return absl::OkStatus();
+  for (int32_t t : tokens) seq.engram_ids.push_back(cfg_.engram.token_map[t]);
+  return absl::OkStatus();
+}
+
+Status Model::device_forward(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceOut& out) const {
+  if (!seq.device) {
+    seq.engram_ids.resize(seq.engram_ids.size() - tokens.size());
+    return absl::InvalidArgumentError("a CPU sequence given to the CUDA backend");
   }
+  const Status s = device_->forward(seq, tokens, out);
+  if (!s.ok()) {
+    seq.engram_ids.resize(seq.engram_ids.size() - tokens.size());
+    return s;
+  }
+  seq.n_past += static_cast<int64_t>(tokens.size());
+  return absl::OkStatus();
+}
+
+Status Model::forward_draw(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceDraw& draw,
+                           int32_t* token) const {
+  if (!device_) return absl::FailedPreconditionError("forward_draw: device sampling needs the CUDA backend");
+  RETURN_IF_ERROR(admit(seq, tokens));
+  return device_forward(seq, tokens, DeviceOut{false, nullptr, &draw, token});
+}
+
+Status Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits,
+                      const Hook& hook) const {
+  if (device_ && hook) return absl::InvalidArgumentError("forward hooks are a CPU-backend facility");
+  RETURN_IF_ERROR(admit(seq, tokens));
+  if (device_) return device_forward(seq, tokens, DeviceOut{all_logits, logits, nullptr, nullptr});
+  const int64_t S = static_cast<int64_t>(tokens.size());
   Call call;
   call.pos0 = seq.n_past;
   call.S = S;

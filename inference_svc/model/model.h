@@ -24,6 +24,7 @@
 #include "kernels/exec.h"
 #include "kernels/linear/linear.h"
 #include "kernels/rope/rope.h"
+#include "kernels/sample/sample.h"
 
 namespace dsflash::model {
 
@@ -121,12 +122,22 @@ struct LoadOptions {
   bool expert_act_q8 = false;
 };
 
+// A token drawn on the device from a forward's last logits (CUDA backend): the logits get
+// `edits`, then the pick is kernels/sample/sample.h's (greedy at temperature 0).
+struct DeviceDraw {
+  kernels::sample::Params params;
+  kernels::sample::Penalties penalties;
+  std::vector<kernels::sample::Edit> edits;  // ascending ids
+  double u01 = 0;                            // the draw's uniform in [0, 1)
+};
+
 // Called with every named intermediate (e.g. "L3.attn.norm_out", rows x cols values); the
 // hook may overwrite the values (teacher forcing in tests). Diagnosis only.
 using Hook = std::function<void(const std::string& name, float* data, int64_t rows, int64_t cols)>;
 
 struct LayerWeights;  // model/weights.h
 class DeviceModel;    // model/device_model.h
+struct DeviceOut;     // model/device_model.h
 
 class Model {
  public:
@@ -156,11 +167,20 @@ class Model {
   // written: discard it.
   Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits,
                  const Hook& hook = nullptr) const;
+  // Whether forward_draw is available: the CUDA backend.
+  bool draws_on_device() const { return device_ != nullptr; }
+  // As forward, but the last position's token is drawn on the device and only it comes back:
+  // no copy of the logits, no host pass over the vocabulary. FailedPrecondition on the CPU.
+  Status forward_draw(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceDraw& draw, int32_t* token) const;
 
  private:
   struct Call;   // per-forward scratch shared between layers (published top-k, candidates)
   struct KvSet;  // rows and index lists given to sparse attention
   Model() = default;
+  // forward's checks of a call; appends the tokens' compressed ids to seq.engram_ids.
+  Status admit(Sequence& seq, const std::vector<int32_t>& tokens) const;
+  // The CUDA backend's forward (admitted); the call's ids are taken back on failure.
+  Status device_forward(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceOut& out) const;
   void embed(const std::vector<int32_t>& tokens, std::vector<float>& h) const;
   Status engram(int layer, Sequence& seq, int64_t pos0, int64_t S, std::vector<float>& h, const Hook& hook) const;
   Status block(int layer, Sequence& seq, Call& call, std::vector<float>& h, std::vector<float>& pre_mix,

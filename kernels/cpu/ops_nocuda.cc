@@ -6,6 +6,7 @@
 #include "kernels/norm/norm_cuda.h"
 #include "kernels/qdq/qdq_cuda.h"
 #include "kernels/rope/rope_cuda.h"
+#include "kernels/sample/sample_cuda.h"
 
 namespace dsflash::kernels {
 
@@ -107,5 +108,11 @@ Status apply_cuda(const ExecCtx&, const float*, int, float*, int64_t, int64_t, D
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 }  // namespace rope
+
+namespace sample {
+StatusOr<std::unique_ptr<DeviceSampler>> DeviceSampler::create(const ExecCtx&, int64_t) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+}  // namespace sample
 
 }  // namespace dsflash::kernels

@@ -59,40 +59,9 @@ TEST(Sampler, SeededDrawsRepeat) {
   }
 }
 
-// The sampling pipeline by its definition: every id sorted (logit descending, stable), the
-// softmax over the first top_k, the top-p and min-p cuts, one draw walked in that order. The
-// Sampler sorts only as far as a draw reads (and sums a full-vocabulary normaliser in id
-// order), so it must pick the same tokens.
-int32_t reference_sample(const std::vector<float>& logits, const SamplingParams& p, std::mt19937_64& rng) {
-  std::vector<int32_t> ids(logits.size());
-  std::iota(ids.begin(), ids.end(), 0);
-  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  size_t n = ids.size();
-  if (p.top_k > 0) n = std::min<size_t>(n, static_cast<size_t>(p.top_k));
-  std::vector<double> prob(n);
-  const double mx = logits[ids[0]] / p.temperature;
-  double sum = 0;
-  for (size_t i = 0; i < n; ++i) sum += (prob[i] = std::exp(logits[ids[i]] / p.temperature - mx));
-  for (double& q : prob) q /= sum;
-  if (p.top_p < 1.0f) {
-    double acc = 0;
-    size_t keep = 0;
-    while (keep < n && (keep == 0 || acc < p.top_p)) acc += prob[keep++];
-    n = keep;
-  }
-  if (p.min_p > 0.0f) {
-    size_t keep = 1;
-    while (keep < n && prob[keep] >= prob[0] * p.min_p) ++keep;
-    n = keep;
-  }
-  std::uniform_real_distribution<double> u(0.0, std::accumulate(prob.begin(), prob.begin() + static_cast<long>(n), 0.0));
-  double r = u(rng);
-  for (size_t i = 0; i < n; ++i) {
-    if ((r -= prob[i]) <= 0) return ids[i];
-  }
-  return ids[n - 1];
-}
-
+// The Sampler sorts only as far as a draw reads, and sums a full-vocabulary normaliser in
+// storage order; it must pick the tokens of the definition (kernels/sample/sample.h
+// draw_reference: every id sorted) with the same seeded uniforms.
 // Vocabularies of the model's size and small ones; flat, peaked (Zipf-like) and tied logits
 // with banned (-inf) ids; temperature alone, with top-k (small and past the first sorted run),
 // top-p, min-p and their mix; 200 seeded draws each (20 at the model's size, where the
@@ -118,7 +87,8 @@ TEST(Sampler, MatchesTheFullSortDefinition) {
         std::mt19937_64 rng(p.seed);
         for (int d = 0; d < (V > 1000 ? 20 : 200); ++d) {
           std::vector<float> a = l;
-          ASSERT_EQ(s.sample(a, {}), reference_sample(l, p, rng))
+          ASSERT_EQ(s.sample(a, {}), kernels::sample::draw_reference(l.data(), static_cast<int64_t>(V), s.params(),
+                                                                   std::generate_canonical<double, 53>(rng)))
               << "V=" << V << " shape " << shape << " T=" << T << " k=" << k << " top_p=" << top_p
               << " min_p=" << min_p << " draw " << d;
         }

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
+#include <tuple>
 
 #include "common/gguf/gguf.h"
 #include "gtest/gtest.h"
@@ -155,6 +157,45 @@ TEST_F(GoldenCuda, RefusesWhatItCannotDo) {
   // The sequence is still usable after refused calls.
   EXPECT_TRUE(gpu_->forward(*seq, {5, 6}, false, &logits).ok());
   EXPECT_EQ(seq->n_past, 2);
+}
+
+// Tokens drawn on the device (forward_draw) against the same draws on the host from the same
+// logits (kernels/sample/sample.h's definition): greedy and seeded draws with filters,
+// penalties and a banned id, over a prefill and 40 decode steps, from graph replays and eager
+// steps. Only summation order differs, so every token agrees.
+TEST_F(GoldenCuda, DeviceDrawsMatchHostDraws) {
+  namespace smp = kernels::sample;
+  const int64_t V = gpu_->config().n_vocab;
+  int32_t got = -1;
+  auto cpu_seq = cpu_->new_sequence();
+  EXPECT_EQ(cpu_->forward_draw(*cpu_seq, {1}, DeviceDraw{}, &got).code(), absl::StatusCode::kFailedPrecondition);
+  for (const bool graphs : {true, false}) {
+    gpu_->set_decode_graphs(graphs);
+    for (const auto& [T, k, top_p, min_p] : std::vector<std::tuple<float, int, float, float>>{
+             {0.0f, 0, 1.0f, 0.0f}, {1.0f, 0, 1.0f, 0.0f}, {0.8f, 20, 0.9f, 0.0f}, {1.2f, 0, 0.95f, 0.02f}}) {
+      DeviceDraw d;
+      d.params = smp::Params{T, k, top_p, min_p};
+      d.penalties = smp::Penalties{1.2f, 0.1f, 0.05f};
+      auto host = gpu_->new_sequence();
+      auto dev = gpu_->new_sequence();
+      std::mt19937_64 rng(11);
+      std::vector<int32_t> generated, tokens = {1, 2, 3, 4};
+      std::vector<float> logits;
+      for (int step = 0; step < 40; ++step) {
+        d.edits = smp::make_edits(generated, step < 10 ? std::vector<int32_t>{5} : std::vector<int32_t>{}, d.penalties);
+        d.u01 = T > 0 ? std::generate_canonical<double, 53>(rng) : 0.0;
+        ASSERT_TRUE(gpu_->forward(*host, tokens, false, &logits).ok());
+        smp::apply_edits(logits.data(), d.edits, d.penalties);
+        const int32_t want = T > 0 ? smp::draw_reference(logits.data(), V, d.params, d.u01) : smp::argmax(logits.data(), V);
+        const Status s = gpu_->forward_draw(*dev, tokens, d, &got);
+        ASSERT_TRUE(s.ok()) << s;
+        ASSERT_EQ(got, want) << "graphs " << graphs << " T=" << T << " k=" << k << " step " << step;
+        generated.push_back(got);
+        tokens = {got};
+      }
+    }
+  }
+  gpu_->set_decode_graphs(true);
 }
 
 // Prefill the first 20 tokens of `prompt` (every row), then teacher-forced decode steps over

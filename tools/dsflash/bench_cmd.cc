@@ -6,7 +6,8 @@
 // On the CUDA backend also: the median decode step replayed from CUDA graphs and issued eagerly
 // (M further steps), the device's measured copy bandwidth, the fraction of the bound (bytes
 // read per token / copy bandwidth) the graph step reaches, a per-phase breakdown from a further,
-// synchronised (profiled) decode run and the GPU time per kernel of an eager run.
+// synchronised (profiled) decode run, the GPU time per kernel of an eager run, and the step with
+// an API request's draw (temperature 1, top-p 0.95) made on the host and on the device.
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/gguf/gguf.h"
+#include "inference_svc/engine/sampler.h"
 #include "inference_svc/model/model.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/exec.h"
@@ -101,6 +103,42 @@ StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, in
     eager_steps.insert(eager_steps.end(), run_eager.begin(), run_eager.end());
   }
   return Result{median(pre), median(dec), median(steps), eager_steps.empty() ? 0.0 : median(eager_steps)};
+}
+
+// Median milliseconds of a graph decode step that also draws the next token as an API request
+// does (temperature 1, top-p 0.95): on the device (forward_draw: one id comes back), or on the
+// host (the logits copied back, the engine's Sampler).
+StatusOr<double> sampled_step_ms(model::Model& m, int64_t n_prompt, int64_t n_decode, bool on_device) {
+  engine::SamplingParams sp;
+  sp.top_p = 0.95f;
+  sp.seed = 1;
+  engine::Sampler sampler(sp);
+  model::DeviceDraw d;
+  d.params = sampler.params();
+  d.penalties = sampler.penalties();
+  auto seq = m.new_sequence();
+  if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
+  std::vector<float> logits;
+  int32_t next = 0;
+  auto step = [&](const std::vector<int32_t>& tokens) -> Status {
+    if (on_device) {
+      d.u01 = sampler.next_uniform();
+      return m.forward_draw(*seq, tokens, d, &next);
+    }
+    RETURN_IF_ERROR(m.forward(*seq, tokens, false, &logits));
+    next = sampler.sample(logits, {});
+    return absl::OkStatus();
+  };
+  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
+  for (int64_t i = 0; i < n_prompt; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7919) % (m.config().n_vocab - 3));
+  RETURN_IF_ERROR(step(prompt));
+  std::vector<double> ms;
+  for (int64_t i = 0; i < n_decode; ++i) {
+    const auto s0 = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(step({next}));
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+  }
+  return median(ms);
 }
 
 // Device-to-device copy bandwidth (bytes read + written per second) of a 1 GiB buffer, median
@@ -225,6 +263,11 @@ Status run(const Args& a) {
     rows.push_back({"device_copy_bandwidth", bw / 1e9, "GB/s"});
     rows.push_back({"decode_step_bound_ms", bound_ms, "ms"});
     rows.push_back({"decode_fraction_of_bound", bound_ms / r.step_ms, "ratio"});
+    for (const bool on_device : {false, true}) {
+      ASSIGN_OR_RETURN(const double ms, sampled_step_ms(*m, n_prompt, n_decode, on_device));
+      rows.push_back({on_device ? "decode_step_sampled_on_device_ms_median" : "decode_step_sampled_on_host_ms_median",
+                      ms, "ms (T=1 top_p=0.95)"});
+    }
     ASSIGN_OR_RETURN(const auto phases, decode_profile(*m, std::min<int64_t>(n_prompt, 64), std::min<int64_t>(n_decode, 16)));
     for (const auto& [name, ms] : phases) rows.push_back({"decode_phase_" + name + "_ms", ms, "ms (synchronised)"});
     ASSIGN_OR_RETURN(const auto decode_k,
