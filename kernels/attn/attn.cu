@@ -13,9 +13,12 @@ using cuda::round_bf16;
 constexpr int kChunk = 64;  // entries per online-softmax step, as the reference
 constexpr int kAttnThreads = 512;
 
-// grid (H, S): one head of one query row. Per chunk: logits by warps, the chunk max and the
-// probabilities by warp 0 (their sum in entry order by lane 0), then each thread forms the
-// chunk's value sum for its dims in entry order and folds it into the accumulator.
+// grid (H, S): one head of one query row. Per chunk: logits by warps (each entry's row address
+// kept in shared memory), the chunk max and the probabilities by warp 0 (their sum in entry
+// order by lane 0), then each thread forms the chunk's value sum for its dims in entry order
+// and folds it into the accumulator. The loops over a row's dims and over a chunk's entries are
+// unrolled so that their loads are in flight together (the sums keep their order): at decode
+// the kernel is bound by load latency, 64 CTAs for a GPU's worth of SMs.
 __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv_a,
                                    int64_t n_a, const float* __restrict__ kv_b, const int32_t* __restrict__ idx, int64_t width, const float* __restrict__ sink,
                                    float scale, float* __restrict__ o) {
@@ -24,6 +27,7 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
   float* qh = smem;       // [Dh]
   float* acc = qh + Dh;   // [Dh]
   __shared__ float logit[kChunk], pb[kChunk], s_rescale, s_m, s_L;
+  __shared__ const float* rows[kChunk];  // null: a padding entry
   const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.y;
   const float* qsrc = q + (t * H + h) * Dh;
@@ -42,12 +46,16 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
     for (int k = warp; k < cn; k += kAttnThreads / 32) {
       const int32_t j = list[c0 + k];
       float dot = 0.0f;
-      if (j >= 0) {
-        const float* row = j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh;
+      const float* row = j < 0 ? nullptr : (j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh);
+      if (row != nullptr) {
+#pragma unroll 8
         for (int64_t d = lane; d < Dh; d += 32) dot = fmaf(qh[d], row[d], dot);
       }
       dot = cuda::warp_sum(dot);
-      if (lane == 0) logit[k] = j >= 0 ? dot * scale : -INFINITY;
+      if (lane == 0) {
+        logit[k] = row != nullptr ? dot * scale : -INFINITY;
+        rows[k] = row;
+      }
     }
     __syncthreads();
     if (warp == 0) {
@@ -71,12 +79,10 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
     const float rescale = s_rescale;
     for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) {
       float part = 0.0f;
+#pragma unroll 16
       for (int k = 0; k < cn; ++k) {
-        const int32_t j = list[c0 + k];
-        if (j >= 0) {
-          const float* row = j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh;
-          part = __fadd_rn(part, __fmul_rn(pb[k], row[d]));
-        }
+        const float* row = rows[k];
+        if (row != nullptr) part = __fadd_rn(part, __fmul_rn(pb[k], row[d]));
       }
       acc[d] = __fadd_rn(__fmul_rn(acc[d], rescale), part);
     }

@@ -15,6 +15,8 @@ namespace {
 
 constexpr int kThreads = 256;          // one candidate a thread in a block of the prefix sums
 constexpr int kArgmaxThreads = 1024;  // the greedy pick: one block over the vocabulary
+// The pick's block totals live in its shared memory: 4,096 blocks of kThreads, 32 KB.
+constexpr int64_t kMaxVocab = int64_t{4096} * kThreads;
 
 // A 32-bit key whose unsigned order is the logits' order (-0 keyed as +0: the host compares
 // them equal, so they tie and keep id order).
@@ -103,13 +105,23 @@ __global__ void __launch_bounds__(kThreads) block_sums_kernel(const uint32_t* ke
 }
 
 // The candidates' running weight W(i) = bpre[b - 1] + block b's prefix at i (b = i / kThreads),
-// non-decreasing in i, and the first index where it reaches a target.
+// non-decreasing in i, and the first index where it reaches a target. bpre: shared memory.
 struct Prefix {
   Weights w;
   int64_t n0, nb;
   const double* bpre;
   Shared& sh;
 
+  // The first thread (by index) for which `hit` holds, kThreads if none; every thread gets it.
+  __device__ int64_t first_hit(bool hit) const {
+    __shared__ int64_t first;
+    const int64_t f = MinIndex(sh.reduce).Reduce(hit ? static_cast<int64_t>(threadIdx.x) : kThreads, ::cuda::minimum<>{});
+    if (threadIdx.x == 0) first = f;
+    __syncthreads();
+    const int64_t r = first;
+    __syncthreads();
+    return r;
+  }
   // The first i < n with W(i) >= target; n when there is none.
   __device__ int64_t crossing(double target, int64_t n) const {
     int64_t lo = 0, hi = nb;
@@ -122,16 +134,10 @@ struct Prefix {
       }
     }
     if (lo >= nb || lo * kThreads >= n) return n;  // the same for every thread
-    const double base = lo > 0 ? bpre[lo - 1] : 0.0;
-    const double at = base + block_prefix(w, lo, n0, sh);
+    const double at = (lo > 0 ? bpre[lo - 1] : 0.0) + block_prefix(w, lo, n0, sh);
     const int64_t i = lo * kThreads + threadIdx.x;
-    __shared__ int64_t hit;
-    const int64_t first = MinIndex(sh.reduce).Reduce(i < n && at >= target ? i : n, ::cuda::minimum<>{});
-    if (threadIdx.x == 0) hit = first;
-    __syncthreads();
-    const int64_t r = hit;
-    __syncthreads();
-    return r;
+    const int64_t f = first_hit(i < n && at >= target);
+    return f < kThreads ? lo * kThreads + f : n;
   }
   // W(i), i < n0.
   __device__ double running(int64_t i) const {
@@ -144,19 +150,39 @@ struct Prefix {
     __syncthreads();
     return r;
   }
+  // The first i in [1, n) whose weight is below `floor` (weights fall along the order), n if
+  // none: each round probes kThreads evenly spaced candidates at once.
+  __device__ int64_t first_below(double floor, int64_t n) const {
+    int64_t lo = 1, hi = n;  // the answer is in [lo, hi]
+    while (lo < hi) {
+      const int64_t step = (hi - lo + kThreads - 1) / kThreads;
+      const int64_t q = lo + threadIdx.x * step;
+      const int64_t f = first_hit(q < hi && w(q) < floor);
+      const int64_t probes = (hi - lo + step - 1) / step;
+      if (f == 0) return lo;
+      const int64_t above = f < probes ? f : probes;  // probes 0 .. above - 1 are at or above
+      hi = f < probes ? lo + f * step : hi;
+      lo += (above - 1) * step + 1;
+    }
+    return lo;
+  }
 };
 
-// One block: the block sums' running totals, then top-p, min-p and the draw (sample.h) on the
-// first n0 sorted candidates, and the picked id.
+// One block: the block sums' running totals (in order, in shared memory, so that W's block
+// ends are exactly them), then top-p, min-p and the draw (sample.h) on the first n0 sorted
+// candidates, and the picked id.
 __global__ void __launch_bounds__(kThreads)
-    pick_kernel(const uint32_t* keys, const int32_t* ids, int64_t n0, const double* bsum, double* bpre, Params p,
-                double u01, int32_t* out) {
+    pick_kernel(const uint32_t* __restrict__ keys, const int32_t* __restrict__ ids, int64_t n0,
+                const double* __restrict__ bsum, Params p, double u01, int32_t* __restrict__ out) {
   cuda::await_inputs();
+  extern __shared__ double bpre[];  // [nb]
   __shared__ Shared sh;
   const int64_t nb = (n0 + kThreads - 1) / kThreads;
-  if (threadIdx.x == 0) {  // in order, so that W's block ends are exactly bpre
+  for (int64_t b = threadIdx.x; b < nb; b += kThreads) bpre[b] = bsum[b];
+  __syncthreads();
+  if (threadIdx.x == 0) {
     double acc = 0;
-    for (int64_t b = 0; b < nb; ++b) bpre[b] = (acc += bsum[b]);
+    for (int64_t b = 0; b < nb; ++b) bpre[b] = (acc += bpre[b]);
   }
   __syncthreads();
   const Prefix W{Weights(keys, p.temperature), n0, nb, bpre, sh};
@@ -165,18 +191,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = W.crossing(static_cast<double>(p.top_p) * bpre[nb - 1], n);
     if (i < n) n = i + 1;
   }
-  if (p.min_p > 0.0f) {  // weights fall along the order, and the first weighs exp(0) = 1
-    int64_t lo = 1, hi = n;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (W.w(mid) >= static_cast<double>(p.min_p)) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    n = lo;
-  }
+  if (p.min_p > 0.0f) n = W.first_below(static_cast<double>(p.min_p), n);  // the first weighs exp(0) = 1
   const int64_t i = W.crossing(u01 * W.running(n - 1), n);
   if (threadIdx.x == 0) *out = ids[i < n ? i : n - 1];
 }
@@ -186,7 +201,7 @@ class CudaSampler final : public DeviceSampler {
   CudaSampler(const ExecCtx& ctx, int64_t V) : ctx_(ctx), cap_(V) {}
   ~CudaSampler() override {
     for (void* p : {static_cast<void*>(keys_), static_cast<void*>(keys_sorted_), static_cast<void*>(ids_),
-                    static_cast<void*>(ids_sorted_), static_cast<void*>(bsum_), static_cast<void*>(bpre_), temp_,
+                    static_cast<void*>(ids_sorted_), static_cast<void*>(bsum_), temp_,
                     static_cast<void*>(edits_d_), static_cast<void*>(token_d_)}) {
       if (p != nullptr) device_free(ctx_, p);
     }
@@ -204,7 +219,6 @@ class CudaSampler final : public DeviceSampler {
     ASSIGN_OR_RETURN(ids_, alloc<int32_t>(cap_));
     ASSIGN_OR_RETURN(ids_sorted_, alloc<int32_t>(cap_));
     ASSIGN_OR_RETURN(bsum_, alloc<double>(nb));
-    ASSIGN_OR_RETURN(bpre_, alloc<double>(nb));
     ASSIGN_OR_RETURN(temp_, device_alloc(ctx_, std::max<size_t>(temp_bytes_, 1)));
     ASSIGN_OR_RETURN(token_d_, alloc<int32_t>(1));
     ASSIGN_OR_RETURN(void* th, host_alloc_pinned(sizeof(int32_t)));
@@ -230,8 +244,9 @@ class CudaSampler final : public DeviceSampler {
                                                                       ids_sorted_, static_cast<int>(V), 0, 32, st));
       RETURN_IF_ERROR(cuda::launch(block_sums_kernel, cuda::LaunchParams{blocks(n0), dim3(kThreads), 0, st},
                                    keys_sorted_, n0, p.temperature, bsum_));
-      RETURN_IF_ERROR(cuda::launch(pick_kernel, cuda::LaunchParams{dim3(1), dim3(kThreads), 0, st}, keys_sorted_,
-                                   ids_sorted_, n0, bsum_, bpre_, p, u01, token_d_));
+      const size_t smem = static_cast<size_t>((n0 + kThreads - 1) / kThreads) * sizeof(double);
+      RETURN_IF_ERROR(cuda::launch(pick_kernel, cuda::LaunchParams{dim3(1), dim3(kThreads), smem, st}, keys_sorted_,
+                                   ids_sorted_, n0, bsum_, p, u01, token_d_));
     }
     RETURN_IF_ERROR(copy(ctx_, Copy::kDeviceToHost, token_h_, token_d_, sizeof(int32_t)));
     RETURN_IF_ERROR(stream_sync(ctx_));
@@ -290,7 +305,7 @@ class CudaSampler final : public DeviceSampler {
   int64_t cap_;
   uint32_t *keys_ = nullptr, *keys_sorted_ = nullptr;
   int32_t *ids_ = nullptr, *ids_sorted_ = nullptr;
-  double *bsum_ = nullptr, *bpre_ = nullptr;
+  double* bsum_ = nullptr;
   void* temp_ = nullptr;
   size_t temp_bytes_ = 0;
   Edit* edits_h_ = nullptr;
@@ -303,7 +318,9 @@ class CudaSampler final : public DeviceSampler {
 }  // namespace
 
 StatusOr<std::unique_ptr<DeviceSampler>> DeviceSampler::create(const ExecCtx& ctx, int64_t V) {
-  if (V <= 0 || V > 0x7fffffff) return absl::InvalidArgumentError(absl::StrCat("device sampler: ", V, " ids"));
+  if (V <= 0 || V > kMaxVocab) {
+    return absl::InvalidArgumentError(absl::StrCat("device sampler: ", V, " ids (at most ", kMaxVocab, ")"));
+  }
   auto s = std::make_unique<CudaSampler>(ctx, V);
   RETURN_IF_ERROR(s->init());
   return std::unique_ptr<DeviceSampler>(std::move(s));

@@ -23,7 +23,7 @@ namespace dsflash::kernels::sample {
 class DeviceSampler {
  public:
   // Scratch for vocabularies of up to V ids in device memory (~17 bytes an id), on ctx's
-  // stream. FailedPrecondition in a build without CUDA.
+  // stream; V at most 2^20. FailedPrecondition in a build without CUDA.
   static StatusOr<std::unique_ptr<DeviceSampler>> create(const ExecCtx& ctx, int64_t V);
   virtual ~DeviceSampler() = default;
   // Applies `edits` to logits (device [V], V <= the created size; changed in place), draws one
