@@ -119,57 +119,22 @@ struct Lane {
   }
 };
 
-// Where a warp's rows of a tile lie: row group r0 .. r0 + 15 (lane (g, t) reads rows g and
-// g + 8, clamped to the last row) and the slice of their blocks it takes.
-template <class Block, int kSlices, int kCtaWarps>
-struct WarpRows {
-  const uint8_t* a;
-  const uint8_t* b;
-  int64_t r0;
-  int slice;
-  __device__ __forceinline__ WarpRows(const LinearParams& p, int64_t tile) {
-    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
-    slice = warp % kSlices;
-    r0 = (tile * (kCtaWarps / kSlices) + warp / kSlices) * 16;
-    a = p.w + min(r0 + g, p.rows - 1) * p.row_bytes;
-    b = p.w + min(r0 + g + 8, p.rows - 1) * p.row_bytes;
-  }
-  __device__ __forceinline__ bool has(const LinearParams& p, int64_t blk, int64_t n_blocks) const {
-    return r0 < p.rows && blk < n_blocks;
-  }
-  __device__ __forceinline__ typename Block::Raw load(int64_t blk) const {
-    return Block::load(a + blk * Block::kBytes, b + blk * Block::kBytes, threadIdx.x & 3);
-  }
-};
-
-// A warp's first weight block of `tile` (zeros where it has none), loaded ahead of the digit
-// split so that the weights' latency overlaps it.
-template <class Block, int kSlices, int kCtaWarps>
-__device__ __forceinline__ typename Block::Raw first_block(const LinearParams& p, int64_t n_blocks, int64_t tile) {
-  const WarpRows<Block, kSlices, kCtaWarps> rows(p, tile);
-  return rows.has(p, rows.slice, n_blocks) ? rows.load(rows.slice) : typename Block::Raw{};
-}
-
 // The rows of one tile (kCtaWarps / kSlices row groups of 16): each lane's partial sums (rows
-// g, g + 8) of each block from Block::add, the next block's weights loaded while the current one
-// is multiplied (`first`: the first, loaded by the caller); the slices are summed in slice order
-// (shared memory), so the result does not depend on timing. Ends with the CTA in step, so the
-// next tile may reuse the partial sums' memory.
+// g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
+// so the result does not depend on timing. Ends with the CTA in step, so the next tile may
+// reuse the partial sums' memory.
 template <class Block, int kSlices, int kCtaWarps>
-__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile,
-                                         typename Block::Raw first) {
-  const WarpRows<Block, kSlices, kCtaWarps> rows(p, tile);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = rows.slice;
+__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
+  constexpr int kGroups = kCtaWarps / kSlices;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
   const int t = lane & 3;
   const Lane ln{lane >> 2, t, t == 0 ? 1.0f : t == 1 ? 0x1p-14f : 0.0f, t == 0 ? 0x1p-7f : t == 1 ? 0x1p-21f : 0.0f};
-  const int64_t r0 = rows.r0;
+  const int64_t r0 = (tile * kGroups + warp / kSlices) * 16;
+  const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
+  const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
-  typename Block::Raw cur = first;
-  for (int64_t blk = slice; rows.has(p, blk, n_blocks); blk += kSlices) {
-    typename Block::Raw next{};
-    if (rows.has(p, blk + kSlices, n_blocks)) next = rows.load(blk + kSlices);
-    Block::add(cur, x, blk, ln, &acc_a, &acc_b);
-    cur = next;
+  for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
+    Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, blk, ln, &acc_a, &acc_b);
   }
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
@@ -188,16 +153,13 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
 }
 
 // A CTA's tiles: tiles_per_cta consecutive ones from blockIdx.x's first, on the digits split
-// once (the split costs about as much as a tile of Q2_K rows). `first`: the first tile's
-// first_block.
+// once (the split costs about as much as a tile of Q2_K rows).
 template <class Block, int kSlices, int kCtaWarps>
-__device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& x, int64_t n_blocks, int tiles_per_cta,
-                                          const typename Block::Raw& first) {
-  const int64_t first_tile = static_cast<int64_t>(blockIdx.x) * tiles_per_cta;
+__device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& x, int64_t n_blocks, int tiles_per_cta) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_cta;
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;
-  for (int64_t tile = first_tile; tile < first_tile + tiles_per_cta && tile * kTileRows < p.rows; ++tile) {
-    mma_rows<Block, kSlices, kCtaWarps>(
-        p, x, n_blocks, tile, tile == first_tile ? first : first_block<Block, kSlices, kCtaWarps>(p, n_blocks, tile));
+  for (int64_t tile = first; tile < first + tiles_per_cta && tile * kTileRows < p.rows; ++tile) {
+    mma_rows<Block, kSlices, kCtaWarps>(p, x, n_blocks, tile);
   }
 }
 
@@ -207,23 +169,9 @@ __device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& 
 // same columns' digit g as B. The 6-bit scales are applied to each sub-block's int32 result.
 struct Q4KBlock {
   static constexpr int kBytes = 144;
-  struct Raw {  // a lane's bytes of rows g and g + 8: headers, and 8 code bytes per c
-    uint4 ha, hb;
-    uint2 qa[4], qb[4];
-  };
-  __device__ __forceinline__ static Raw load(const uint8_t* ba, const uint8_t* bb, int t) {
-    Raw r;
-    r.ha = *reinterpret_cast<const uint4*>(ba);
-    r.hb = *reinterpret_cast<const uint4*>(bb);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      r.qa[c] = *reinterpret_cast<const uint2*>(ba + 16 + 32 * c + 8 * t);
-      r.qb[c] = *reinterpret_cast<const uint2*>(bb + 16 + 32 * c + 8 * t);
-    }
-    return r;
-  }
-  struct Header {  // scales and mins of sub-blocks 0..3 (lo), 4..7 (hi) as bytes
-    __device__ __forceinline__ explicit Header(const uint4 h) {
+  struct Header {  // one 16-byte load; scales and mins of sub-blocks 0..3 (lo), 4..7 (hi) as bytes
+    __device__ __forceinline__ explicit Header(const uint8_t* blk) {
+      const uint4 h = *reinterpret_cast<const uint4*>(blk);
       d = half_lo(h.x), dmin = half_hi(h.x);
       sc_lo = h.y & 0x3f3f3f3fu, m_lo = h.z & 0x3f3f3f3fu;
       sc_hi = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
@@ -234,13 +182,14 @@ struct Q4KBlock {
     float d, dmin;
     uint32_t sc_lo, m_lo, sc_hi, m_hi;
   };
-  __device__ __forceinline__ static void add(const Raw& r, const XDigits& x, int64_t xblk, const Lane& ln, float* acc_a,
-                                             float* acc_b) {
-    const Header ha(r.ha), hb(r.hb);
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    const Header ha(ba), hb(bb);
     int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint2 qa = r.qa[c], qb = r.qb[c];
+      const uint2 qa = *reinterpret_cast<const uint2*>(ba + 16 + 32 * c + 8 * ln.t);
+      const uint2 qb = *reinterpret_cast<const uint2*>(bb + 16 + 32 * c + 8 * ln.t);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int s = 2 * c + h;
@@ -303,31 +252,19 @@ __device__ __forceinline__ void dsum16_dot(const XDigits& x, int64_t xblk, const
 // and one int32 result gathers the whole block.
 struct Q2KBlock {
   static constexpr int kBytes = 84;
-  struct Raw {  // a lane's words of rows g and g + 8: scales, codes (two per n), d and dmin
-    uint32_t sa[4], sb[4], qa[2][2], qb[2][2], da, db;
-  };
-  __device__ __forceinline__ static Raw load(const uint8_t* ba, const uint8_t* bb, int t) {
-    const uint32_t* wa = reinterpret_cast<const uint32_t*>(ba);
-    const uint32_t* wb = reinterpret_cast<const uint32_t*>(bb);
-    Raw r;
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    const uint32_t* sa = reinterpret_cast<const uint32_t*>(ba);
+    const uint32_t* sb = reinterpret_cast<const uint32_t*>(bb);
+    uint32_t sca[4], scb[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) r.sa[k] = wa[k], r.sb[k] = wb[k];
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      r.qa[n][0] = wa[4 + 8 * n + 2 * t], r.qa[n][1] = wa[5 + 8 * n + 2 * t];
-      r.qb[n][0] = wb[4 + 8 * n + 2 * t], r.qb[n][1] = wb[5 + 8 * n + 2 * t];
-    }
-    r.da = wa[20], r.db = wb[20];
-    return r;
-  }
-  __device__ __forceinline__ static void add(const Raw& r, const XDigits& x, int64_t xblk, const Lane& ln, float* acc_a,
-                                             float* acc_b) {
-    const uint32_t* sca = r.sa;
-    const uint32_t* scb = r.sb;
+    for (int k = 0; k < 4; ++k) sca[k] = sa[k], scb[k] = sb[k];
     int v[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      const uint32_t qa0 = r.qa[n][0], qa1 = r.qa[n][1], qb0 = r.qb[n][0], qb1 = r.qb[n][1];
+      const uint32_t* qa = reinterpret_cast<const uint32_t*>(ba + 16 + 32 * n + 8 * ln.t);
+      const uint32_t* qb = reinterpret_cast<const uint32_t*>(bb + 16 + 32 * n + 8 * ln.t);
+      const uint32_t qa0 = qa[0], qa1 = qa[1], qb0 = qb[0], qb1 = qb[1];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int s = 8 * n + 2 * j + (ln.t >> 1);
@@ -345,9 +282,10 @@ struct Q2KBlock {
     dsum16_dot(
         x, xblk, ln, [&](int s) { return byte_of(sca[s / 4], s % 4) >> 4; },
         [&](int s) { return byte_of(scb[s / 4], s % 4) >> 4; }, ma, mb);
+    const uint32_t da = *reinterpret_cast<const uint32_t*>(ba + 80), db = *reinterpret_cast<const uint32_t*>(bb + 80);
     const float S = x.scale[xblk];
-    *acc_a += S * (half_lo(r.da) * ln.digits(v[0], v[1]) - half_hi(r.da) * ln.digits(ma[0], ma[1]));
-    *acc_b += S * (half_lo(r.db) * ln.digits(v[2], v[3]) - half_hi(r.db) * ln.digits(mb[0], mb[1]));
+    *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.digits(ma[0], ma[1]));
+    *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.digits(mb[0], mb[1]));
   }
 };
 
@@ -363,35 +301,16 @@ struct Q3KBlock {
     const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
     return h[0] | (static_cast<uint32_t>(h[1]) << 16);
   }
-  struct RawRow {  // a lane's words of one row's block: scales, codes, high bits, d
-    uint32_t w[3], q[2][2], h[2];
-    unsigned short d;
-  };
-  struct Raw {
-    RawRow a, b;
-  };
-  __device__ __forceinline__ static RawRow load_row(const uint8_t* blk, int t) {
-    RawRow r;
-    r.w[0] = word(blk + 96), r.w[1] = word(blk + 100), r.w[2] = word(blk + 104);
-#pragma unroll
-    for (int n = 0; n < 2; ++n) r.q[n][0] = word(blk + 32 + 32 * n + 8 * t), r.q[n][1] = word(blk + 36 + 32 * n + 8 * t);
-    r.h[0] = word(blk + 8 * t), r.h[1] = word(blk + 8 * t + 4);
-    r.d = *reinterpret_cast<const unsigned short*>(blk + 108);
-    return r;
-  }
-  __device__ __forceinline__ static Raw load(const uint8_t* ba, const uint8_t* bb, int t) {
-    return Raw{load_row(ba, t), load_row(bb, t)};
-  }
   struct Row {  // a row's block: its unsigned scales (4 words of 4), codes' words and high bits
-    __device__ __forceinline__ explicit Row(const RawRow& r) {
-      const uint32_t w0 = r.w[0], w1 = r.w[1], w2 = r.w[2];
+    __device__ __forceinline__ Row(const uint8_t* blk, int t) {
+      const uint32_t w0 = word(blk + 96), w1 = word(blk + 100), w2 = word(blk + 104);
       const uint32_t lo[4] = {w0 & 0x0f0f0f0fu, w1 & 0x0f0f0f0fu, (w0 >> 4) & 0x0f0f0f0fu, (w1 >> 4) & 0x0f0f0f0fu};
 #pragma unroll
       for (int k = 0; k < 4; ++k) u[k] = lo[k] | (((w2 >> (2 * k)) & 0x03030303u) << 4);
 #pragma unroll
-      for (int n = 0; n < 2; ++n) q[n][0] = r.q[n][0], q[n][1] = r.q[n][1];
-      h[0] = r.h[0], h[1] = r.h[1];
-      d = __half2float(__ushort_as_half(r.d));
+      for (int n = 0; n < 2; ++n) q[n][0] = word(blk + 32 + 32 * n + 8 * t), q[n][1] = word(blk + 36 + 32 * n + 8 * t);
+      h[0] = word(blk + 8 * t), h[1] = word(blk + 8 * t + 4);
+      d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
     }
     __device__ __forceinline__ int scale(int s) const { return byte_of(u[s / 4], s % 4); }
     __device__ __forceinline__ uint32_t codes(int n, int j, int w) const {
@@ -400,9 +319,9 @@ struct Q3KBlock {
     uint32_t u[4], q[2][2], h[2];
     float d;
   };
-  __device__ __forceinline__ static void add(const Raw& raw, const XDigits& x, int64_t xblk, const Lane& ln,
-                                             float* acc_a, float* acc_b) {
-    const Row ra(raw.a), rb(raw.b);
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    const Row ra(ba, ln.t), rb(bb, ln.t);
     int vh[4] = {0, 0, 0, 0}, vl[4] = {0, 0, 0, 0}, vc[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -445,13 +364,10 @@ struct MmaBatch {
 
 template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
-  const LinearParams& p = b.p[blockIdx.y];
-  constexpr int kCtaWarps = cta_warps<kSlices>();
-  // The weights are no earlier kernel's output: their first block loads before the wait.
-  const Q4KBlock::Raw first = first_block<Q4KBlock, kSlices, kCtaWarps>(p, b.n_blocks, blockIdx.x * b.tiles_per_cta);
   cuda::await_inputs();
+  const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x(p.x, b.n_blocks);
-  mma_tiles<Q4KBlock, kSlices, kCtaWarps>(p, x, b.n_blocks, b.tiles_per_cta, first);
+  mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
@@ -479,10 +395,8 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  constexpr int kCtaWarps = cta_warps<kSlices>();
-  const typename Block::Raw first = first_block<Block, kSlices, kCtaWarps>(p, b.n_blocks, blockIdx.x * b.tiles_per_cta);
   const XDigits x = split_x(p.x, b.n_blocks);
-  mma_tiles<Block, kSlices, kCtaWarps>(p, x, b.n_blocks, b.tiles_per_cta, first);
+  mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // The GPU's SMs (once).
