@@ -31,4 +31,23 @@ __device__ __forceinline__ void rms_scale_row(const float* x, const float* __res
   for (int64_t i = threadIdx.x; i < n; i += kThreads) y[i] = __bfloat162float(__float2bfloat16_rn(w[i] * (x[i] * inv)));
 }
 
+// Values a thread holds in registers for a row of kThreads * kRowRegs or fewer: its values are
+// loaded in one round instead of one round a stride.
+constexpr int kRowRegs = 8;
+
+// rms_scale_row for a row this thread holds: xs[k] = x[threadIdx.x + k kThreads] (those < n),
+// ss their sum of squares (fmaf, in k order). The same values as rms_scale_row.
+template <int kThreads>
+__device__ __forceinline__ void rms_scale_regs(const float (&xs)[kRowRegs], const float* __restrict__ w, int64_t n,
+                                               float ss, float eps, float* __restrict__ y) {
+  __shared__ float part[kThreads / 32];
+  ss = block_sum<kThreads>(ss, part);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int k = 0; k < kRowRegs; ++k) {
+    const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kThreads;
+    if (i < n) y[i] = __bfloat162float(__float2bfloat16_rn(w[i] * (xs[k] * inv)));
+  }
+}
+
 }  // namespace dsflash::kernels::cuda
