@@ -13,20 +13,17 @@ using cuda::round_bf16;
 constexpr int kChunk = 64;  // entries per online-softmax step, as the reference
 constexpr int kAttnThreads = 512;
 
-// grid (H, S): one head of one query row. Per chunk: the logits, 8 threads an entry (each a
-// strided eighth of the dims, float4 loads where rows are 16-byte aligned; each entry's row
-// address kept in shared memory), the chunk max and the probabilities by warp 0 (their sum in
-// entry order by lane 0), then each thread forms the chunk's value sum for its dims in entry
-// order and folds it into the accumulator, the loop unrolled so that its loads are in flight
-// together (the sum keeps its order). At decode the kernel is bound by load latency (64 CTAs
-// for a GPU's worth of SMs): every entry's logit loads in one round, its values in two.
+// grid (H, S): one head of one query row. Per chunk: logits by warps (each entry's row address
+// kept in shared memory), the chunk max and the probabilities by warp 0 (their sum in entry
+// order by lane 0), then each thread forms the chunk's value sum for its dims in entry order
+// and folds it into the accumulator. The loops over a row's dims and over a chunk's entries are
+// unrolled so that their loads are in flight together (the sums keep their order): at decode
+// the kernel is bound by load latency, 64 CTAs for a GPU's worth of SMs.
 __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv_a,
-                                   int64_t n_a, const float* __restrict__ kv_b, const int32_t* __restrict__ idx,
-                                   int64_t width, const float* __restrict__ sink, float scale, bool vec,
-                                   float* __restrict__ o) {
-  static_assert(kChunk * 8 == kAttnThreads, "8 threads an entry");
+                                   int64_t n_a, const float* __restrict__ kv_b, const int32_t* __restrict__ idx, int64_t width, const float* __restrict__ sink,
+                                   float scale, float* __restrict__ o) {
   cuda::await_inputs();
-  extern __shared__ __align__(16) float smem[];
+  extern __shared__ float smem[];
   float* qh = smem;       // [Dh]
   float* acc = qh + Dh;   // [Dh]
   __shared__ float logit[kChunk], pb[kChunk], s_rescale, s_m, s_L;
@@ -46,27 +43,16 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
   __syncthreads();
   for (int64_t c0 = 0; c0 < width; c0 += kChunk) {
     const int cn = static_cast<int>(min(static_cast<int64_t>(kChunk), width - c0));
-    {
-      const int k = threadIdx.x >> 3, sub = threadIdx.x & 7;
-      const int32_t j = k < cn ? list[c0 + k] : -1;
-      const float* row = j < 0 ? nullptr : (j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh);
+    for (int k = warp; k < cn; k += kAttnThreads / 32) {
+      const int32_t j = list[c0 + k];
       float dot = 0.0f;
-      if (row != nullptr && vec) {
-        const float4* r4 = reinterpret_cast<const float4*>(row);
-        const float4* q4 = reinterpret_cast<const float4*>(qh);
+      const float* row = j < 0 ? nullptr : (j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh);
+      if (row != nullptr) {
 #pragma unroll 8
-        for (int64_t i = sub; i < Dh / 4; i += 8) {
-          const float4 a = r4[i], b = q4[i];
-          dot = fmaf(b.x, a.x, dot), dot = fmaf(b.y, a.y, dot), dot = fmaf(b.z, a.z, dot), dot = fmaf(b.w, a.w, dot);
-        }
-      } else if (row != nullptr) {
-#pragma unroll 8
-        for (int64_t d = sub; d < Dh; d += 8) dot = fmaf(qh[d], row[d], dot);
+        for (int64_t d = lane; d < Dh; d += 32) dot = fmaf(qh[d], row[d], dot);
       }
-      dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-      dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-      dot += __shfl_xor_sync(0xffffffffu, dot, 4);
-      if (sub == 0 && k < cn) {
+      dot = cuda::warp_sum(dot);
+      if (lane == 0) {
         logit[k] = row != nullptr ? dot * scale : -INFINITY;
         rows[k] = row;
       }
@@ -93,7 +79,7 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
     const float rescale = s_rescale;
     for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) {
       float part = 0.0f;
-#pragma unroll 32
+#pragma unroll 16
       for (int k = 0; k < cn; ++k) {
         const float* row = rows[k];
         if (row != nullptr) part = __fadd_rn(part, __fmul_rn(pb[k], row[d]));
@@ -306,12 +292,10 @@ Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, in
   if (S <= 0 || H <= 0) return absl::OkStatus();
   if (Dh <= 0 || Dh > 4096) return absl::InvalidArgumentError(absl::StrCat("sparse_attn_cuda: head dim ", Dh));
   const size_t smem = 2 * static_cast<size_t>(Dh) * sizeof(float);
-  const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec = Dh % 4 == 0 && aligned(kv_a) && (kv_b == nullptr || aligned(kv_b));
   return cuda::launch(sparse_attn_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(H), static_cast<unsigned>(S)), dim3(kAttnThreads),
                                          smem, stream_of(ctx)},
-                      q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, vec, o);
+                      q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o);
 }
 
 Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t groups, int r, int64_t n, float* latent) {
