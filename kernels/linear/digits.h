@@ -21,14 +21,18 @@ constexpr int kDigits = 4;
 // e of a block's scale S = 2^(e - 5) (amax finite and >= 0; 0 for an all-zero block).
 DSF_HD inline int scale_exponent(float amax) { return amax > 0.0f ? ilogbf(amax) : 0; }
 
-// v's digits under the block exponent e.
+// v's digits under the block exponent e: N = rint(v / S 128^3) (|N| <= 2^27, exact in fp32
+// and int32), then balanced radix-128 digits of N from the last (q3, q2, q1 in [-64, 63], q0 =
+// what is left, |q0| <= 64). One rounding conversion a value; the digits are integer masks and
+// shifts. (The same N as rounding v / S to the nearest 128^-3 digit by digit: the last digit's
+// rounding sees the same value and parity.)
 DSF_HD inline void split(float v, int e, int (&q)[kDigits]) {
-  float r = ldexpf(v, 5 - e);
-  for (int j = 0; j < kDigits; ++j) {
-    const float d = rintf(r);
-    r = (r - d) * 128.0f;
-    q[j] = static_cast<int>(d);
+  int n = static_cast<int>(rintf(ldexpf(v, 26 - e)));
+  for (int j = kDigits - 1; j > 0; --j) {
+    q[j] = ((n + 64) & 127) - 64;
+    n = (n - q[j]) >> 7;
   }
+  q[0] = n;
 }
 
 }  // namespace dsflash::kernels::digits

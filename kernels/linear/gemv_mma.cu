@@ -16,7 +16,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string_view>
+#include <utility>
 
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/linear/digits.h"
@@ -411,6 +414,20 @@ int sm_count() {
   return n;
 }
 
+// CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
+// runtime once per (kernel, smem) and kept (the eager decode step launches ~250 of these).
+StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find({kernel, smem});
+  if (it != known.end()) return it->second;
+  int per_sm = 0;
+  CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  known[{kernel, smem}] = per_sm;
+  return per_sm;
+}
+
 // The launch of K<kSlices> over n products of `rows`: as many tiles per CTA as still leave a
 // full wave of resident CTAs (more tiles share one digit split; fewer CTAs than a wave leave
 // memory bandwidth unused: wo_b at 2 tiles a CTA, 160 CTAs, took 8 % longer).
@@ -420,8 +437,7 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;  // as mma_tiles
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
   const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
-  int per_sm = 0;
-  CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, K<kSlices>::fn, kCtaWarps * 32, smem));
+  ASSIGN_OR_RETURN(const int per_sm, resident_ctas(reinterpret_cast<const void*>(K<kSlices>::fn), kCtaWarps * 32, smem));
   const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sm_count());
   arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, tiles * n / wave));
   const int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;

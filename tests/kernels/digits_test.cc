@@ -79,5 +79,31 @@ TEST(Digits, ZerosSubnormalsAndOutliers) {
   check_block(mixed);
 }
 
+// The split rounds v / S to the nearest multiple of 128^-3 as rounding it digit by digit (rint,
+// subtract, times 128, four times) does, ties included: the represented values are equal.
+TEST(Digits, SameValueAsDigitByDigitRounding) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-64.0f, 64.0f);
+  std::uniform_int_distribution<int> code(-(1 << 22), (1 << 22) - 1);  // code + 0.5 exact in fp32
+  for (int i = 0; i < 200000; ++i) {
+    const int e = (i % 61) - 30;
+    // A value in [-64, 64) S, or (every other one) an exact tie between two multiples of 128^-3.
+    const float r = i % 2 == 0 ? u(rng) : std::ldexp(static_cast<float>(code(rng)) + 0.5f, -21);
+    const float v = std::ldexp(r, e - 5);
+    float rest = std::ldexp(v, 5 - e);
+    int64_t want = 0;
+    for (int j = 0; j < digits::kDigits; ++j) {
+      const float d = std::rint(rest);
+      rest = (rest - d) * 128.0f;
+      want = want * 128 + static_cast<int64_t>(d);
+    }
+    int q[digits::kDigits];
+    digits::split(v, e, q);
+    int64_t got = 0;
+    for (int j = 0; j < digits::kDigits; ++j) got = got * 128 + q[j];
+    ASSERT_EQ(got, want) << "v = " << v << ", e = " << e;
+  }
+}
+
 }  // namespace
 }  // namespace dsflash::kernels
