@@ -172,7 +172,6 @@ __device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& 
 // same columns' digit g as B. The 6-bit scales are applied to each sub-block's int32 result.
 struct Q4KBlock {
   static constexpr int kBytes = 144;
-  static constexpr int kResidentWarps = 48;  // 40 registers a thread (a few spilled)
   struct Header {  // one 16-byte load; scales and mins of sub-blocks 0..3 (lo), 4..7 (hi) as bytes
     __device__ __forceinline__ explicit Header(const uint8_t* blk) {
       const uint4 h = *reinterpret_cast<const uint4*>(blk);
@@ -256,7 +255,6 @@ __device__ __forceinline__ void dsum16_dot(const XDigits& x, int64_t xblk, const
 // and one int32 result gathers the whole block.
 struct Q2KBlock {
   static constexpr int kBytes = 84;
-  static constexpr int kResidentWarps = 48;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
     const uint32_t* sa = reinterpret_cast<const uint32_t*>(ba);
@@ -302,7 +300,6 @@ struct Q2KBlock {
 // -32: three int32 results per block; the -4 comes from the digits' 16-column sums.
 struct Q3KBlock {
   static constexpr int kBytes = 110;
-  static constexpr int kResidentWarps = 32;  // 64 registers: at 40 it spills ~300 bytes
   __device__ __forceinline__ static uint32_t word(const uint8_t* p) {  // two half-word loads
     const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
     return h[0] | (static_cast<uint32_t>(h[1]) << 16);
@@ -361,12 +358,6 @@ __host__ __device__ constexpr int cta_warps() {
   return kSlices > kWarps ? kSlices : kWarps;
 }
 
-// CTAs a SM should hold (the registers a thread may take follow): Block::kResidentWarps warps.
-template <class Block, int kSlices>
-__host__ __device__ constexpr int min_ctas() {
-  return Block::kResidentWarps / cta_warps<kSlices>();
-}
-
 // Products of one shape, each its own weights and x (blockIdx.y picks one).
 struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
@@ -375,7 +366,7 @@ struct MmaBatch {
 };
 
 template <int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, min_ctas<Q4KBlock, kSlices>()) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x(p.x, b.n_blocks);
@@ -398,7 +389,7 @@ struct ExpertMma {
 };
 
 template <class Block, int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, min_ctas<Block, kSlices>()) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
   int k = blockIdx.y;
