@@ -5,6 +5,8 @@
 // token group, x stays in L1/L2.
 #include <cuda_bf16.h>
 
+#include <cstdlib>
+
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/ggml_blocks.cuh"
 #include "kernels/linear/linear_cuda.h"
@@ -295,11 +297,22 @@ __global__ void __launch_bounds__(kWarps * 32) linear_sub_kernel(LinearParams p)
   }
 }
 
+// The fewest tokens a call's linear takes the GEMM from: kGemmMinTokens, or DSF_GEMM_MIN_TOKENS
+// (measurement).
+int64_t gemm_min_tokens() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("DSF_GEMM_MIN_TOKENS");
+    const long long v = e == nullptr ? 0 : std::atoll(e);
+    return v > 0 ? static_cast<int64_t>(v) : kGemmMinTokens;
+  }();
+  return n;
+}
+
 template <GgmlType kType>
 Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   const unsigned grid = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
   const cuda::LaunchParams lp{dim3(grid), dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)};
-  if (p.n_tok >= kGemmMinTokens && (p.n_tok + kGemmToks - 1) / kGemmToks <= 65535) {
+  if (p.n_tok >= gemm_min_tokens() && (p.n_tok + kGemmToks - 1) / kGemmToks <= 65535) {
     const dim3 g(static_cast<unsigned>((p.rows + kGemmRows - 1) / kGemmRows),
                  static_cast<unsigned>((p.n_tok + kGemmToks - 1) / kGemmToks));
     return cuda::launch(gemm_kernel<kType>, cuda::LaunchParams{g, dim3(kGemmThreads), 0, lp.stream}, p);
