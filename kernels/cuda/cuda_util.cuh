@@ -46,6 +46,9 @@ __device__ __forceinline__ void await_inputs() {
 // Whether `launch` asks for programmatic dependent launch: yes unless DSF_PDL=0 (measurement).
 bool pdl_on();
 
+// The current device's SMs (asked once; 1 if the runtime cannot say).
+int sm_count();
+
 // Kernel timing (exec.h set_kernel_timing; kernel_timing.cu): events around each launch.
 bool kernel_timing_on();
 cudaEvent_t kernel_timing_start(cudaStream_t stream);

@@ -39,6 +39,17 @@ bool pdl_on() {
   return on;
 }
 
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      return 1;
+    }
+    return sms;
+  }();
+  return n;
+}
+
 }  // namespace cuda
 
 bool cuda_available() {

@@ -402,18 +402,6 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
-// The GPU's SMs (once).
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      return 1;
-    }
-    return sms;
-  }();
-  return n;
-}
-
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
 // runtime once per (kernel, smem) and kept (the eager decode step launches ~250 of these).
 StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {

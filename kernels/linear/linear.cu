@@ -110,27 +110,31 @@ __global__ void __launch_bounds__(kWideThreads) linear_wide_kernel(LinearParams 
 // stages the activations beside it, and each of 256 threads accumulates a 4 x 4 micro-tile in
 // fp32 (per 32-column step, then into the running sum). The weights are decoded once per 64
 // tokens instead of once per kTok, and every shared-memory read feeds 16 FMAs.
+// A launch with few tiles (an expert's rows at a short prompt: 36 CTAs for 2,304 rows) splits
+// the columns into gridDim.z ranges of k_span: each writes its fp32 sums to `partials`
+// ([split][token][row]) and gemm_reduce_kernel adds them in split order (deterministic).
 constexpr int kGemmRows = 64, kGemmToks = 64, kGemmK = 32, kGemmThreads = 256;
 constexpr int64_t kGemmMinTokens = 16;
 
 template <GgmlType kType>
-__global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(LinearParams p) {
+__global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(LinearParams p, int64_t k_span, float* partials) {
   cuda::await_inputs();
+  const int64_t k_lo = static_cast<int64_t>(blockIdx.z) * k_span, k_hi = min(p.cols, k_lo + k_span);
   __shared__ __align__(16) float ws[kGemmK][kGemmRows + 4];  // [column][row]
   __shared__ __align__(16) float xs[kGemmK][kGemmToks + 4];  // [column][token]
   const int tid = threadIdx.x, tr = tid % 16, tt = tid / 16;  // rows 4 tr.., tokens 4 tt..
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kGemmRows, tok0 = static_cast<int64_t>(blockIdx.y) * kGemmToks;
   float acc[4][4] = {};
-  for (int64_t k0 = 0; k0 < p.cols; k0 += kGemmK) {
+  for (int64_t k0 = k_lo; k0 < k_hi; k0 += kGemmK) {
     for (int e = tid; e < kGemmRows * kGemmK; e += kGemmThreads) {  // a warp walks one row's columns
       const int r = e / kGemmK, k = e % kGemmK;
       const int64_t row = min(row0 + r, p.rows - 1);
-      ws[k][r] = k0 + k < p.cols ? value_at<kType>(p.w + row * p.row_bytes, k0 + k, p) : 0.0f;
+      ws[k][r] = k0 + k < k_hi ? value_at<kType>(p.w + row * p.row_bytes, k0 + k, p) : 0.0f;
     }
     for (int e = tid; e < kGemmToks * kGemmK; e += kGemmThreads) {
       const int t = e / kGemmK, k = e % kGemmK;
       const int64_t tok = tok0 + t;
-      xs[k][t] = tok < p.n_tok && k0 + k < p.cols ? p.x[tok * p.cols + k0 + k] : 0.0f;
+      xs[k][t] = tok < p.n_tok && k0 + k < k_hi ? p.x[tok * p.cols + k0 + k] : 0.0f;
     }
     __syncthreads();
     // This step's 32 columns are summed apart and added to acc at once: the rounding error of
@@ -160,11 +164,51 @@ __global__ void __launch_bounds__(kGemmThreads, 2) gemm_kernel(LinearParams p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t tok = tok0 + 4 * tt + j;
-      if (row < p.rows && tok < p.n_tok) {
+      if (row >= p.rows || tok >= p.n_tok) continue;
+      if (partials != nullptr) {
+        partials[(blockIdx.z * p.n_tok + tok) * p.rows + row] = acc[i][j];
+      } else {
         p.y[tok * p.rows + row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(acc[i][j])) : acc[i][j];
       }
     }
   }
+}
+
+// y[i] = the splits' partial sums of output i added in split order (rounded as the GEMM's).
+__global__ void gemm_reduce_kernel(const float* __restrict__ partials, int splits, int64_t n, bool round_bf16,
+                                   float* __restrict__ y) {
+  cuda::await_inputs();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float s = partials[i];
+  for (int z = 1; z < splits; ++z) s += partials[z * n + i];
+  y[i] = round_bf16 ? __bfloat162float(__float2bfloat16_rn(s)) : s;
+}
+
+// The GEMM of p, its columns split where the tiles alone would leave most SMs idle (ranges of
+// at least 256 columns, at most 8 of them, until the launch has ~2 CTAs a SM).
+Status launch_gemm(const cuda::LaunchParams& base, const LinearParams& p,
+                   Status (*launch)(const cuda::LaunchParams&, const LinearParams&, int64_t, float*)) {
+  const int64_t tiles = static_cast<int64_t>(base.grid.x) * base.grid.y;
+  const int64_t steps = (p.cols + kGemmK - 1) / kGemmK;
+  int splits = 1;
+  while (splits < 8 && tiles * splits < 2 * cuda::sm_count() && steps / (2 * splits) >= 8) splits *= 2;
+  const int64_t k_span = (steps + splits - 1) / splits * kGemmK;
+  splits = static_cast<int>((p.cols + k_span - 1) / k_span);
+  if (splits == 1) return launch(base, p, p.cols, nullptr);
+  const int64_t n = p.n_tok * p.rows;
+  float* partials = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&partials, static_cast<size_t>(splits * n) * sizeof(float), base.stream));
+  cuda::LaunchParams lp = base;
+  lp.grid.z = static_cast<unsigned>(splits);
+  const Status s = [&]() -> Status {
+    RETURN_IF_ERROR(launch(lp, p, k_span, partials));
+    return cuda::launch(gemm_reduce_kernel,
+                        cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0, base.stream},
+                        partials, splits, n, p.round_bf16, p.y);
+  }();
+  cudaFreeAsync(partials, base.stream);
+  return s;
 }
 
 // Q2_K / Q3_K rows (the expert matrices): a lane takes one 16-value sub-block per step, so a
@@ -315,7 +359,10 @@ Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   if (p.n_tok >= gemm_min_tokens() && (p.n_tok + kGemmToks - 1) / kGemmToks <= 65535) {
     const dim3 g(static_cast<unsigned>((p.rows + kGemmRows - 1) / kGemmRows),
                  static_cast<unsigned>((p.n_tok + kGemmToks - 1) / kGemmToks));
-    return cuda::launch(gemm_kernel<kType>, cuda::LaunchParams{g, dim3(kGemmThreads), 0, lp.stream}, p);
+    return launch_gemm(cuda::LaunchParams{g, dim3(kGemmThreads), 0, lp.stream}, p,
+                       [](const cuda::LaunchParams& l, const LinearParams& q, int64_t span, float* part) {
+                         return cuda::launch(gemm_kernel<kType>, l, q, span, part);
+                       });
   }
   if constexpr (kType == GgmlType::kQ2_K || kType == GgmlType::kQ3_K) {
     // float4 activation loads need 16-byte aligned x; Q2_K word loads a 4-byte aligned W.

@@ -31,7 +31,7 @@ TEST_P(LinearCuda, MatchesCpu) {
   const GgmlType type = GetParam();
   std::mt19937 rng(77 + static_cast<int>(type));
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int64_t K : {256, 2048, 4096}) {  // 2048, 4096: Q4_K / Q6_K columns split over warps
+  for (int64_t K : {256, 2048, 4096}) {  // 2048, 4096: Q4_K / Q6_K columns split over warps, the GEMM's over CTAs
     for (int64_t N : {1, 17, 257, 1031}) {  // below and above the block-per-row threshold (1024 rows)
       for (int64_t T : {1, 5, 21, 70}) {  // several passes of kTok tokens; 21, 70: the prefill GEMM (1, 2 token tiles)
         std::vector<float> wf(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * T));
