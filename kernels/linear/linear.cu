@@ -185,14 +185,24 @@ __global__ void gemm_reduce_kernel(const float* __restrict__ partials, int split
   y[i] = round_bf16 ? __bfloat162float(__float2bfloat16_rn(s)) : s;
 }
 
+// CTAs a SM the GEMM's column split aims for: 2, or DSF_GEMM_SPLIT_CTAS (measurement).
+int64_t gemm_split_ctas() {
+  static const int64_t n = [] {
+    const char* e = std::getenv("DSF_GEMM_SPLIT_CTAS");
+    const long long v = e == nullptr ? 0 : std::atoll(e);
+    return v > 0 ? static_cast<int64_t>(v) : int64_t{2};
+  }();
+  return n;
+}
+
 // The GEMM of p, its columns split where the tiles alone would leave most SMs idle (ranges of
-// at least 256 columns, at most 8 of them, until the launch has ~2 CTAs a SM).
+// at least 256 columns, at most 16 of them, until the launch has gemm_split_ctas() CTAs a SM).
 Status launch_gemm(const cuda::LaunchParams& base, const LinearParams& p,
                    Status (*launch)(const cuda::LaunchParams&, const LinearParams&, int64_t, float*)) {
   const int64_t tiles = static_cast<int64_t>(base.grid.x) * base.grid.y;
   const int64_t steps = (p.cols + kGemmK - 1) / kGemmK;
   int splits = 1;
-  while (splits < 8 && tiles * splits < 2 * cuda::sm_count() && steps / (2 * splits) >= 8) splits *= 2;
+  while (splits < 16 && tiles * splits < gemm_split_ctas() * cuda::sm_count() && steps / (2 * splits) >= 8) splits *= 2;
   const int64_t k_span = (steps + splits - 1) / splits * kGemmK;
   splits = static_cast<int>((p.cols + k_span - 1) / k_span);
   if (splits == 1) return launch(base, p, p.cols, nullptr);
