@@ -12,7 +12,7 @@ import json, sys
 for t in json.load(sys.stdin)["tests"]:
     print(t["command"][0])')
 ../shared/tools/device-bundle out/gpu $bins "$build/tests/linear_cuda_bench" \
-  "$build/expertstore_svc/dsflash-expertstore" "$build/tools/dsflash" "$build/tools/expertstore_bench" "$build/tools/expert_stream_bench" "$build/tools/expert_cache_sim" "$build/tools/sampler_bench"
+  "$build/expertstore_svc/dsflash-expertstore" "$build/tools/dsflash" "$build/tools/expertstore_bench" "$build/tools/expert_stream_bench" "$build/tools/expert_cache_sim" "$build/tools/sampler_bench" "$build/inference_svc/dsflash-inference"
 git rev-parse --short HEAD > out/gpu/commit
 mkdir -p out/gpu/golden
 cp ../shared/golden/tiny_a.gguf ../shared/golden/tiny_a_golden.safetensors out/gpu/golden/
