@@ -6,6 +6,7 @@ logs=${OUT:-out/gpu-logs}
 mkdir -p "$logs"
 export LD_LIBRARY_PATH=$PWD/out/gpu/lib DSF_GOLDEN_DIR=$PWD/out/gpu/golden
 export DSF_EXPERTSTORE_BIN=$PWD/out/gpu/bin/dsflash-expertstore DSF_COMMIT=$(cat out/gpu/commit)
+export DSF_INFERENCE_BIN=$PWD/out/gpu/bin/dsflash-inference
 export DSF_MACHINE="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) test machine ($(nproc) threads, $(uname -m))"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$logs/gpu.txt" 2>&1
 rc=0

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -27,6 +28,12 @@
 
 namespace dsflash::testing {
 
+// The inference binary: $DSF_INFERENCE_BIN (a bundle on the GPU machine), else this build's.
+inline std::string inference_bin() {
+  const char* e = std::getenv("DSF_INFERENCE_BIN");
+  return e != nullptr && *e != '\0' ? e : DSF_INFERENCE_BIN;
+}
+
 class ServerProcess {
  public:
   // Starts the server; waits until it is ready unless wait_ready is false (then only until
@@ -42,7 +49,7 @@ class ServerProcess {
     }
     sock_ = "unix:" + dir_.file("inference.sock");
     metrics_port_ = free_tcp_port();
-    std::vector<std::string> args = {DSF_INFERENCE_BIN, "--model", model_, "--listen", sock_,
+    std::vector<std::string> args = {inference_bin(), "--model", model_, "--listen", sock_,
                                      "--metrics", "127.0.0.1:" + std::to_string(metrics_port_)};
     args.insert(args.end(), extra.begin(), extra.end());
     proc_.start(args, dir_.file("server.log"));
