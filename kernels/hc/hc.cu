@@ -128,7 +128,6 @@ __global__ void __launch_bounds__(kThreads) pre_norm_kernel(const float* __restr
   cuda::await_inputs();
   const int64_t t = blockIdx.x;
   float* yt = y + t * D;
-  float ss = 0.0f;
   if (D <= kThreads * cuda::kRowRegs) {  // the row in registers: every load in one round
     float xs[cuda::kRowRegs];
 #pragma unroll
@@ -141,13 +140,10 @@ __global__ void __launch_bounds__(kThreads) pre_norm_kernel(const float* __restr
       }
       xs[k] = __bfloat162float(__float2bfloat16_rn(acc));
     }
-#pragma unroll
-    for (int k = 0; k < cuda::kRowRegs; ++k) {
-      if (threadIdx.x + static_cast<int64_t>(k) * kThreads < D) ss = fmaf(xs[k], xs[k], ss);
-    }
-    cuda::rms_scale_regs<kThreads>(xs, norm_w, D, ss, eps, yt);
+    cuda::rms_scale_regs<kThreads>(xs, norm_w, D, eps, yt);
     return;
   }
+  float ss = 0.0f;
   for (int64_t d = threadIdx.x; d < D; d += kThreads) {
     float acc = 0.0f;
     for (int c = 0; c < C; ++c) acc = __fadd_rn(acc, __fmul_rn(w[t * C + c], h[(t * C + c) * D + d]));

@@ -14,7 +14,6 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* __restr
                                                             int64_t n, float eps, float* __restrict__ y) {
   cuda::await_inputs();
   const float* xr = x + blockIdx.x * n;
-  float ss = 0.0f;
   if (n <= kThreads * cuda::kRowRegs) {  // the row in registers (in place: a thread writes what it read)
     float xs[cuda::kRowRegs];
 #pragma unroll
@@ -22,13 +21,10 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* __restr
       const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kThreads;
       xs[k] = i < n ? xr[i] : 0.0f;
     }
-#pragma unroll
-    for (int k = 0; k < cuda::kRowRegs; ++k) {
-      if (threadIdx.x + static_cast<int64_t>(k) * kThreads < n) ss = fmaf(xs[k], xs[k], ss);
-    }
-    cuda::rms_scale_regs<kThreads>(xs, w, n, ss, eps, y + blockIdx.x * n);
+    cuda::rms_scale_regs<kThreads>(xs, w, n, eps, y + blockIdx.x * n);
     return;
   }
+  float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) ss = fmaf(xr[i], xr[i], ss);
   cuda::rms_scale_row<kThreads>(xr, w, n, ss, eps, y + blockIdx.x * n);
 }

@@ -35,11 +35,17 @@ __device__ __forceinline__ void rms_scale_row(const float* x, const float* __res
 // loaded in one round instead of one round a stride.
 constexpr int kRowRegs = 8;
 
-// rms_scale_row for a row this thread holds: xs[k] = x[threadIdx.x + k kThreads] (those < n),
-// ss their sum of squares (fmaf, in k order). The same values as rms_scale_row.
+// rms_scale_row for a row this thread holds: xs[k] = x[threadIdx.x + k kThreads] (those < n);
+// their sum of squares is taken here (fmaf, in k order, as rms_scale_row's callers do). The same
+// values as rms_scale_row.
 template <int kThreads>
 __device__ __forceinline__ void rms_scale_regs(const float (&xs)[kRowRegs], const float* __restrict__ w, int64_t n,
-                                               float ss, float eps, float* __restrict__ y) {
+                                               float eps, float* __restrict__ y) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kRowRegs; ++k) {
+    if (threadIdx.x + static_cast<int64_t>(k) * kThreads < n) ss = fmaf(xs[k], xs[k], ss);
+  }
   __shared__ float part[kThreads / 32];
   ss = block_sum<kThreads>(ss, part);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
