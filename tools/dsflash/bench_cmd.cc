@@ -65,12 +65,18 @@ double decode_cache_bytes(const config::ModelConfig& c, int64_t pos) {
   return bytes;
 }
 
+// The benchmark's prompt: n ids spread over the vocabulary (past the first 3).
+std::vector<int32_t> bench_prompt(const model::Model& m, int64_t n) {
+  std::vector<int32_t> prompt(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7919) % (m.config().n_vocab - 3));
+  return prompt;
+}
+
 // Per run: prefill, n_decode steps (graphs on the CUDA backend), then on the CUDA backend
 // n_decode further steps issued eagerly.
 StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, int runs, int warmup, bool cuda) {
   std::vector<double> pre, dec, steps, eager_steps;
-  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
-  for (int64_t i = 0; i < n_prompt; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7919) % (m.config().n_vocab - 3));
+  const std::vector<int32_t> prompt = bench_prompt(m, n_prompt);
   for (int r = 0; r < runs + warmup; ++r) {  // warm-up runs (caches, allocator pools) are not counted
     auto seq = m.new_sequence();
     if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
@@ -129,8 +135,7 @@ StatusOr<double> sampled_step_ms(model::Model& m, int64_t n_prompt, int64_t n_de
     next = sampler.sample(logits, {});
     return absl::OkStatus();
   };
-  std::vector<int32_t> prompt(static_cast<size_t>(n_prompt));
-  for (int64_t i = 0; i < n_prompt; ++i) prompt[i] = static_cast<int32_t>(3 + (i * 7919) % (m.config().n_vocab - 3));
+  const std::vector<int32_t> prompt = bench_prompt(m, n_prompt);
   RETURN_IF_ERROR(step(prompt));
   std::vector<double> ms;
   for (int64_t i = 0; i < n_decode; ++i) {
