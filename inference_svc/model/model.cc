@@ -182,10 +182,8 @@ Status Model::admit(Sequence& seq, const std::vector<int32_t>& tokens) const {
 }
 
 Status Model::device_forward(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceOut& out) const {
-  if (!seq.device) {
-    seq.engram_ids.resize(seq.engram_ids.size() - tokens.size());
-    return absl::InvalidArgumentError("a CPU sequence given to the CUDA backend");
-  }
+  if (!seq.device) return absl::InvalidArgumentError("a CPU sequence given to the CUDA backend");
+  RETURN_IF_ERROR(admit(seq, tokens));
   const Status s = device_->forward(seq, tokens, out);
   if (!s.ok()) {
     seq.engram_ids.resize(seq.engram_ids.size() - tokens.size());
@@ -198,15 +196,16 @@ Status Model::device_forward(Sequence& seq, const std::vector<int32_t>& tokens, 
 Status Model::forward_draw(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceDraw& draw,
                            int32_t* token) const {
   if (!device_) return absl::FailedPreconditionError("forward_draw: device sampling needs the CUDA backend");
-  RETURN_IF_ERROR(admit(seq, tokens));
   return device_forward(seq, tokens, DeviceOut{false, nullptr, &draw, token});
 }
 
 Status Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits,
                       const Hook& hook) const {
-  if (device_ && hook) return absl::InvalidArgumentError("forward hooks are a CPU-backend facility");
+  if (device_) {
+    if (hook) return absl::InvalidArgumentError("forward hooks are a CPU-backend facility");
+    return device_forward(seq, tokens, DeviceOut{all_logits, logits, nullptr, nullptr});
+  }
   RETURN_IF_ERROR(admit(seq, tokens));
-  if (device_) return device_forward(seq, tokens, DeviceOut{all_logits, logits, nullptr, nullptr});
   const int64_t S = static_cast<int64_t>(tokens.size());
   Call call;
   call.pos0 = seq.n_past;

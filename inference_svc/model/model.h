@@ -179,7 +179,8 @@ class Model {
   Model() = default;
   // forward's checks of a call; appends the tokens' compressed ids to seq.engram_ids.
   Status admit(Sequence& seq, const std::vector<int32_t>& tokens) const;
-  // The CUDA backend's forward (admitted); the call's ids are taken back on failure.
+  // The CUDA backend's forward (a device sequence, then admit); the call's ids are taken back
+  // on failure.
   Status device_forward(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceOut& out) const;
   void embed(const std::vector<int32_t>& tokens, std::vector<float>& h) const;
   Status engram(int layer, Sequence& seq, int64_t pos0, int64_t S, std::vector<float>& h, const Hook& hook) const;
