@@ -43,6 +43,10 @@ __device__ __forceinline__ void await_inputs() {
 #endif
 }
 
+// An integer from the environment variable `name` (atoll; fallback when unset): the
+// measurement switches (DSF_PDL, DSF_GEMV_MMA, DSF_MMA_SLICES, DSF_GEMM_*).
+long long env_int(const char* name, long long fallback);
+
 // Whether `launch` asks for programmatic dependent launch: yes unless DSF_PDL=0 (measurement).
 bool pdl_on();
 

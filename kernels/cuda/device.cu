@@ -31,11 +31,13 @@ Status keep_pool_memory() {
 
 namespace cuda {
 
+long long env_int(const char* name, long long fallback) {
+  const char* e = std::getenv(name);
+  return e == nullptr ? fallback : std::atoll(e);
+}
+
 bool pdl_on() {
-  static const bool on = [] {
-    const char* e = std::getenv("DSF_PDL");
-    return e == nullptr || std::atoi(e) != 0;
-  }();
+  static const bool on = env_int("DSF_PDL", 1) != 0;
   return on;
 }
 

@@ -15,7 +15,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string_view>
@@ -442,9 +441,8 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
 // ~32 a SM in all leave memory bandwidth unused. The larger s wins a tie.
 int slices_for(int64_t n_blocks, int64_t group_products) {
   static const int forced = [] {  // DSF_MMA_SLICES=s, for measurement: s wherever the blocks allow
-    const char* e = std::getenv("DSF_MMA_SLICES");
-    const int s = e == nullptr ? 0 : std::atoi(e);
-    return s == 1 || s == 2 || s == 4 || s == 8 || s == 16 ? s : 0;
+    const long long s = env_int("DSF_MMA_SLICES", 0);
+    return s == 1 || s == 2 || s == 4 || s == 8 || s == 16 ? static_cast<int>(s) : 0;
   }();
   if (forced > 0 && forced <= n_blocks) return forced;
   int best = 1;
@@ -485,10 +483,7 @@ struct Q3KExpertsMma {
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 2 the tensor cores at every size,
 // else (default 1) where they pay.
 int mma_mode() {
-  static const int mode = [] {
-    const char* e = std::getenv("DSF_GEMV_MMA");
-    return e == nullptr ? 1 : std::atoi(e);
-  }();
+  static const int mode = static_cast<int>(env_int("DSF_GEMV_MMA", 1));
   return mode;
 }
 

@@ -5,8 +5,6 @@
 // token group, x stays in L1/L2.
 #include <cuda_bf16.h>
 
-#include <cstdlib>
-
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/ggml_blocks.cuh"
 #include "kernels/linear/linear_cuda.h"
@@ -189,8 +187,7 @@ __global__ void gemm_reduce_kernel(const float* __restrict__ partials, int split
 // perf preset, prefill of 64 / 512 tokens: 2 -> 139 / 248 tok/s, 4 -> 163 / 270, 8 -> 163 / 280.
 int64_t gemm_split_ctas() {
   static const int64_t n = [] {
-    const char* e = std::getenv("DSF_GEMM_SPLIT_CTAS");
-    const long long v = e == nullptr ? 0 : std::atoll(e);
+    const long long v = cuda::env_int("DSF_GEMM_SPLIT_CTAS", 0);
     return v > 0 ? static_cast<int64_t>(v) : int64_t{8};
   }();
   return n;
@@ -356,8 +353,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_sub_kernel(LinearParams p)
 // (measurement).
 int64_t gemm_min_tokens() {
   static const int64_t n = [] {
-    const char* e = std::getenv("DSF_GEMM_MIN_TOKENS");
-    const long long v = e == nullptr ? 0 : std::atoll(e);
+    const long long v = cuda::env_int("DSF_GEMM_MIN_TOKENS", 0);
     return v > 0 ? static_cast<int64_t>(v) : kGemmMinTokens;
   }();
   return n;
