@@ -341,10 +341,9 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
   auto sublayer = [&](const Layer::Hc& hw, const float* norm, const float* in_pre, float* out_pre,
                       auto&& body) -> Status {
     std::optional<Phase> hc_phase(std::in_place, *this, ctx, "hc_pre_norm");
-    RETURN_IF_ERROR(kernels::hc::mixes_split_cuda(ctx, h, hw.fn, hw.scale, hw.base, C, D, S, cfg_.norm_eps,
-                                                  static_cast<int>(cfg_.hc_sinkhorn_iters), cfg_.hc_eps, out_pre,
-                                                  post.get(), comb.get()));
-    RETURN_IF_ERROR(kernels::hc::pre_norm_cuda(ctx, h, in_pre, C, D, S, norm, cfg_.norm_eps, x.get()));
+    RETURN_IF_ERROR(kernels::hc::sublayer_in_cuda(ctx, h, hw.fn, hw.scale, hw.base, C, D, S, cfg_.norm_eps,
+                                                  static_cast<int>(cfg_.hc_sinkhorn_iters), cfg_.hc_eps, in_pre, norm,
+                                                  out_pre, post.get(), comb.get(), x.get()));
     hc_phase.reset();
     RETURN_IF_ERROR(body());
     Phase post_phase(*this, ctx, "hc_post");

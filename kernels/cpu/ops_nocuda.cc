@@ -83,6 +83,10 @@ Status mixes_split_cuda(const ExecCtx&, const float*, const float*, const float*
 Status pre_norm_cuda(const ExecCtx&, const float*, const float*, int, int64_t, int64_t, const float*, float, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
+Status sublayer_in_cuda(const ExecCtx&, const float*, const float*, const float*, const float*, int, int64_t, int64_t,
+                        float, int, float, const float*, const float*, float*, float*, float*, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
 Status pre_cuda(const ExecCtx&, const float*, const float*, int, int64_t, int64_t, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

@@ -104,29 +104,43 @@ __global__ void split_warp_kernel(const float* __restrict__ m, const float* __re
   split_warp(m + t * (2 + C) * C, scale, base, C, t, iters, eps, pre, post, comb);
 }
 
-// mixes_finish_kernel and split_warp_kernel in one warp per token (M <= 32): lane k finishes
-// mix k, the warp splits them.
-__global__ void finish_split_kernel(const float* __restrict__ part_dot, const float* __restrict__ part_ss, int64_t n,
-                                    int P, float norm_eps, const float* __restrict__ scale,
-                                    const float* __restrict__ base, int C, int iters, float eps,
-                                    float* __restrict__ pre, float* __restrict__ post, float* __restrict__ comb) {
-  cuda::await_inputs();
+// The partial sums of the mixes (with_mix_partials) and what the split needs besides.
+struct SplitArgs {
+  const float* part_dot;
+  const float* part_ss;
+  int64_t n;
+  int P;
+  float norm_eps;
+  const float* scale;
+  const float* base;
+  int C, iters;
+  float eps;
+  float* pre;
+  float* post;
+  float* comb;
+};
+
+// mixes_finish_kernel and split_warp_kernel for token t on the first warp (M <= 32): lane k
+// finishes mix k, the warp splits them.
+__device__ __noinline__ void finish_split_token(const SplitArgs& a, int64_t t) {
   __shared__ float mt[32];
-  const int64_t t = blockIdx.x;
-  const int lane = threadIdx.x, M = (2 + C) * C;
-  if (lane < M) mt[lane] = finish_mix(part_dot, part_ss, n, P, t, t * M + lane, norm_eps);
+  const int lane = threadIdx.x, M = (2 + a.C) * a.C;
+  if (lane < M) mt[lane] = finish_mix(a.part_dot, a.part_ss, a.n, a.P, t, t * M + lane, a.norm_eps);
   __syncwarp();
-  split_warp(mt, scale, base, C, t, iters, eps, pre, post, comb);
+  split_warp(mt, a.scale, a.base, a.C, t, a.iters, a.eps, a.pre, a.post, a.comb);
 }
 
-// pre_kernel then the RMSNorm (norm_row.cuh, as norm.cu's kernel) in one block per token:
+__global__ void finish_split_kernel(const __grid_constant__ SplitArgs a) {
+  cuda::await_inputs();
+  finish_split_token(a, blockIdx.x);
+}
+
+// pre_kernel then the RMSNorm (norm_row.cuh, as norm.cu's kernel) of token t on one block:
 // y = bf16(norm_w * (x * rsqrt(mean(x^2) + eps))), x = bf16(sum_c w[c] h[c]).
 template <int kThreads>
-__global__ void __launch_bounds__(kThreads) pre_norm_kernel(const float* __restrict__ h, const float* __restrict__ w,
-                                                            int C, int64_t D, const float* __restrict__ norm_w,
-                                                            float eps, float* __restrict__ y) {
-  cuda::await_inputs();
-  const int64_t t = blockIdx.x;
+__device__ __forceinline__ void pre_norm_token(const float* __restrict__ h, const float* __restrict__ w, int C,
+                                               int64_t D, const float* __restrict__ norm_w, float eps,
+                                               float* __restrict__ y, int64_t t) {
   float* yt = y + t * D;
   if (D <= kThreads * cuda::kRowRegs) {  // the row in registers: every load in one round
     float xs[cuda::kRowRegs];
@@ -152,6 +166,31 @@ __global__ void __launch_bounds__(kThreads) pre_norm_kernel(const float* __restr
     ss = fmaf(x, x, ss);
   }
   cuda::rms_scale_row<kThreads>(yt, norm_w, D, ss, eps, yt);
+}
+
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) pre_norm_kernel(const float* __restrict__ h, const float* __restrict__ w,
+                                                            int C, int64_t D, const float* __restrict__ norm_w,
+                                                            float eps, float* __restrict__ y) {
+  cuda::await_inputs();
+  pre_norm_token<kThreads>(h, w, C, D, norm_w, eps, y, blockIdx.x);
+}
+
+// A sub-layer's entry in one launch: blocks (t, 0) the hc pre + RMSNorm of token t (with the
+// previous sub-layer's pre), blocks (t, 1) the split of token t's mixes on one warp; the two
+// are independent, so the split's serial Sinkhorn passes run beside the norm.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) split_pre_norm_kernel(const __grid_constant__ SplitArgs a,
+                                                                  const float* __restrict__ h,
+                                                                  const float* __restrict__ w, int64_t D,
+                                                                  const float* __restrict__ norm_w,
+                                                                  float* __restrict__ y) {
+  cuda::await_inputs();
+  if (blockIdx.y == 0) {
+    pre_norm_token<kThreads>(h, w, a.C, D, norm_w, a.norm_eps, y, blockIdx.x);
+  } else if (threadIdx.x < 32) {
+    finish_split_token(a, blockIdx.x);
+  }
 }
 
 __global__ void pre_kernel(const float* __restrict__ h, const float* __restrict__ w, int C, int64_t D, int64_t S,
@@ -237,8 +276,28 @@ Status mixes_split_cuda(const ExecCtx& ctx, const float* h, const float* fn, con
     return s;
   }
   return with_mix_partials(ctx, h, fn, C, D, S, [&](const float* part, const float* part_ss, int64_t n, int P) {
-    return cuda::launch(finish_split_kernel, cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), 0, st}, part,
-                        part_ss, n, P, norm_eps, scale, base, C, iters, hc_eps, pre, post, comb);
+    const SplitArgs a{part, part_ss, n, P, norm_eps, scale, base, C, iters, hc_eps, pre, post, comb};
+    return cuda::launch(finish_split_kernel, cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), 0, st}, a);
+  });
+}
+
+Status sublayer_in_cuda(const ExecCtx& ctx, const float* h, const float* fn, const float* scale, const float* base,
+                        int C, int64_t D, int64_t S, float norm_eps, int iters, float hc_eps, const float* in_pre,
+                        const float* norm_w, float* pre, float* post, float* comb, float* y) {
+  if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+  if ((2 + C) * C > 32) {  // no warp per token: the ops one by one
+    RETURN_IF_ERROR(mixes_split_cuda(ctx, h, fn, scale, base, C, D, S, norm_eps, iters, hc_eps, pre, post, comb));
+    return pre_norm_cuda(ctx, h, in_pre, C, D, S, norm_w, norm_eps, y);
+  }
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  return with_mix_partials(ctx, h, fn, C, D, S, [&](const float* part, const float* part_ss, int64_t n, int P) {
+    const SplitArgs a{part, part_ss, n, P, norm_eps, scale, base, C, iters, hc_eps, pre, post, comb};
+    return cuda::with_norm_threads(D, [&](auto threads) {
+      constexpr int kThreads = decltype(threads)::value;
+      return cuda::launch(split_pre_norm_kernel<kThreads>,
+                          cuda::LaunchParams{dim3(static_cast<unsigned>(S), 2), dim3(kThreads), 0, st}, a, h, in_pre,
+                          D, norm_w, y);
+    });
   });
 }
 

@@ -26,6 +26,11 @@ Status mixes_split_cuda(const ExecCtx& ctx, const float* h, const float* fn, con
 // rms_norm_cuda(pre_cuda(h, w), norm_w) in one launch (y [S][D]).
 Status pre_norm_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, int64_t D, int64_t S,
                      const float* norm_w, float norm_eps, float* y);
+// A sub-layer's entry: mixes_split_cuda (pre, post, comb from h) and pre_norm_cuda (y from h
+// and the previous sub-layer's pre, in_pre) in two launches, the split beside the norm.
+Status sublayer_in_cuda(const ExecCtx& ctx, const float* h, const float* fn, const float* scale, const float* base,
+                        int C, int64_t D, int64_t S, float norm_eps, int iters, float hc_eps, const float* in_pre,
+                        const float* norm_w, float* pre, float* post, float* comb, float* y);
 // y[S][C][D] = bf16(post[t][j] x[t] + sum_i comb[t][i][j] res[t][i]), post [S][C], comb [S][C][C].
 Status post_cuda(const ExecCtx& ctx, const float* x, const float* res, const float* post, const float* comb, int C,
                  int64_t D, int64_t S, float* y);

@@ -241,7 +241,7 @@ TEST_F(OpsCuda, QdqIsBitExact) {
 
 // The fused sub-layer forms equal the ops they join (checked against the CPU above), bit for
 // bit: mixes + split (a warp per token for C = 4; the two ops for C = 6) and hc pre + RMSNorm
-// (256 and 1024 threads per row).
+// (256 and 1024 threads per row), and the sub-layer entry joining both.
 TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
   std::mt19937 rng(23);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -268,6 +268,10 @@ TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
         ASSERT_TRUE(hc::pre_cuda(ctx(), dh, dw, C, D, S, y1).ok());
         ASSERT_TRUE(rms_norm_cuda(ctx(), y1, dnw, S, D, 1e-6f, y1).ok());
         ASSERT_TRUE(hc::pre_norm_cuda(ctx(), dh, dw, C, D, S, dnw, 1e-6f, y2).ok());
+        float *pre3 = dev(nan_c), *post3 = dev(nan_c), *comb3 = dev(nan_cc), *y3 = dev(nan_d);
+        ASSERT_TRUE(hc::sublayer_in_cuda(ctx(), dh, dfn, dscale, dbase, C, D, S, 1e-6f, 20, 1e-6f, dw, dnw, pre3, post3,
+                                         comb3, y3)
+                        .ok());
         sync();
         const std::string at = "C=" + std::to_string(C) + " D=" + std::to_string(D) + " S=" + std::to_string(S);
         auto same = [&](const float* a, const float* b, size_t n, const char* what) {
@@ -278,6 +282,10 @@ TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
         same(post1, post2, S * C, "post");
         same(comb1, comb2, S * C * C, "comb");
         same(y1, y2, S * D, "pre + norm");
+        same(pre1, pre3, S * C, "sub-layer entry: pre");
+        same(post1, post3, S * C, "sub-layer entry: post");
+        same(comb1, comb3, S * C * C, "sub-layer entry: comb");
+        same(y1, y3, S * D, "sub-layer entry: pre + norm");
       }
     }
   }
