@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string_view>
 #include <utility>
 
@@ -505,24 +506,6 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   tiles.run(split_x(p.x, b.n_blocks), b.n_blocks);
 }
 
-// CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
-// runtime once per (kernel, smem) and kept (the eager decode step launches ~250 of these).
-StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, size_t>, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto it = known.find({kernel, smem});
-  if (it != known.end()) return it->second;
-  if (smem > 48 * 1024) {  // beyond the default a CTA may take: opt in (up to the device's limit)
-    CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  }
-  int per_sm = 0;
-  CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-  known[{kernel, smem}] = per_sm;
-  return per_sm;
-}
-
 // The dynamic shared memory a CTA may take on this device (asked once).
 size_t smem_limit() {
   static const size_t limit = [] {
@@ -531,6 +514,26 @@ size_t smem_limit() {
     return static_cast<size_t>(bytes);
   }();
   return limit;
+}
+
+// CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
+// runtime once per (kernel, smem) and kept (the eager decode step launches ~250 of these).
+StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, size_t>, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find({kernel, smem});
+  if (it != known.end()) return it->second;
+  static std::set<const void*> opted_in;
+  if (smem > 48 * 1024 && opted_in.count(kernel) == 0) {  // beyond the default: opt in to the device's limit
+    CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_limit())));
+    opted_in.insert(kernel);
+  }
+  int per_sm = 0;
+  CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  known[{kernel, smem}] = per_sm;
+  return per_sm;
 }
 
 // DSF_MMA_STAGE, for measurement: 0 the weights read by each warp from global memory, 1 one
