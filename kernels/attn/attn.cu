@@ -11,33 +11,25 @@ namespace {
 using cuda::round_bf16;
 
 constexpr int kChunk = 64;  // entries per online-softmax step, as the reference
-constexpr int kGroupChunks = 4;  // chunks whose loads a CTA has in flight together
-constexpr int kGroup = kChunk * kGroupChunks;
 constexpr int kAttnThreads = 512;
-constexpr int kAttnWarps = kAttnThreads / 32;
-constexpr int kRowsAtOnce = 4;  // entries a warp's logit loop loads together
 
-// grid (H, S, Z): one head of one query row, its value dims split in Z parts (the logits are
-// computed by each part). The online softmax steps chunk by chunk as the reference, but a
-// group of kGroupChunks chunks is loaded at once: the logits of all its entries (a warp takes
-// kRowsAtOnce entries together, each entry's dot in lane order as before), then every chunk's
-// max, probabilities and their sum in entry order (a warp each: a chunk's running max is the
-// max of the ones before it, exact in any order), then each thread's value sums per chunk in
-// entry order, folded into its accumulator chunk by chunk. Every operation and its order is the
-// per-chunk loop's; only the waiting is shared (at decode the kernel is bound by load latency).
+// grid (H, S): one head of one query row. Per chunk: logits by warps (each entry's row address
+// kept in shared memory), the chunk max and the probabilities by warp 0 (their sum in entry
+// order by lane 0), then each thread forms the chunk's value sum for its dims in entry order
+// and folds it into the accumulator. The loops over a row's dims and over a chunk's entries are
+// unrolled so that their loads are in flight together (the sums keep their order): at decode
+// the kernel is bound by load latency, 64 CTAs for a GPU's worth of SMs.
 __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv_a,
-                                   int64_t n_a, const float* __restrict__ kv_b, const int32_t* __restrict__ idx,
-                                   int64_t width, const float* __restrict__ sink, float scale, float* __restrict__ o) {
+                                   int64_t n_a, const float* __restrict__ kv_b, const int32_t* __restrict__ idx, int64_t width, const float* __restrict__ sink,
+                                   float scale, float* __restrict__ o) {
   cuda::await_inputs();
   extern __shared__ float smem[];
-  float* qh = smem;      // [Dh]
-  float* acc = qh + Dh;  // [Dh]
-  __shared__ float logit[kGroup], pb[kGroup], s_cmax[kGroupChunks], s_rescale[kGroupChunks], s_psum[kGroupChunks];
-  __shared__ float s_m, s_L;
-  __shared__ const float* rows[kGroup];  // null: a padding entry
+  float* qh = smem;       // [Dh]
+  float* acc = qh + Dh;   // [Dh]
+  __shared__ float logit[kChunk], pb[kChunk], s_rescale, s_m, s_L;
+  __shared__ const float* rows[kChunk];  // null: a padding entry
   const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.y;
-  const int64_t part = (Dh + gridDim.z - 1) / gridDim.z, d_lo = blockIdx.z * part, d_hi = min(Dh, d_lo + part);
   const float* qsrc = q + (t * H + h) * Dh;
   const int32_t* list = idx + t * width;
   for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) {
@@ -49,85 +41,56 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
     s_L = 0.0f;
   }
   __syncthreads();
-  for (int64_t g0 = 0; g0 < width; g0 += kGroup) {
-    const int gn = static_cast<int>(min(static_cast<int64_t>(kGroup), width - g0));
-    const int chunks = (gn + kChunk - 1) / kChunk;
-    for (int k0 = warp; k0 < gn; k0 += kRowsAtOnce * kAttnWarps) {
-      const float* row[kRowsAtOnce];
-      float dot[kRowsAtOnce];
-#pragma unroll
-      for (int u = 0; u < kRowsAtOnce; ++u) {
-        const int k = k0 + u * kAttnWarps;
-        const int32_t j = k < gn ? list[g0 + k] : -1;
-        row[u] = j < 0 ? nullptr : (j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh);
-        dot[u] = 0.0f;
+  for (int64_t c0 = 0; c0 < width; c0 += kChunk) {
+    const int cn = static_cast<int>(min(static_cast<int64_t>(kChunk), width - c0));
+    for (int k = warp; k < cn; k += kAttnThreads / 32) {
+      const int32_t j = list[c0 + k];
+      float dot = 0.0f;
+      const float* row = j < 0 ? nullptr : (j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh);
+      if (row != nullptr) {
+#pragma unroll 8
+        for (int64_t d = lane; d < Dh; d += 32) dot = fmaf(qh[d], row[d], dot);
       }
-#pragma unroll 4
-      for (int64_t d = lane; d < Dh; d += 32) {
-#pragma unroll
-        for (int u = 0; u < kRowsAtOnce; ++u) {
-          if (row[u] != nullptr) dot[u] = fmaf(qh[d], row[u][d], dot[u]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kRowsAtOnce; ++u) {
-        const int k = k0 + u * kAttnWarps;
-        const float sum = cuda::warp_sum(dot[u]);
-        if (lane == 0 && k < gn) {
-          logit[k] = row[u] != nullptr ? sum * scale : -INFINITY;
-          rows[k] = row[u];
-        }
+      dot = cuda::warp_sum(dot);
+      if (lane == 0) {
+        logit[k] = row != nullptr ? dot * scale : -INFINITY;
+        rows[k] = row;
       }
     }
     __syncthreads();
-    const int c = warp, base = c * kChunk, cn = min(kChunk, gn - base);
-    if (c < chunks) {
+    if (warp == 0) {
       float cmax = -INFINITY;
-      for (int k = lane; k < cn; k += 32) cmax = fmaxf(cmax, logit[base + k]);
+      for (int k = lane; k < cn; k += 32) cmax = fmaxf(cmax, logit[k]);
       for (int off = 16; off > 0; off >>= 1) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, off));
-      if (lane == 0) s_cmax[c] = cmax;
-    }
-    __syncthreads();
-    if (c < chunks) {
-      float m = s_m;  // the running max before chunk c
-      for (int i = 0; i < c; ++i) m = fmaxf(m, s_cmax[i]);
-      const float m_new = fmaxf(m, s_cmax[c]);
-      for (int k = lane; k < cn; k += 32) logit[base + k] = expf(logit[base + k] - m_new);  // p, unrounded
+      const float m = s_m, m_new = fmaxf(m, cmax);
+      for (int k = lane; k < cn; k += 32) logit[k] = expf(logit[k] - m_new);  // p, unrounded
       __syncwarp();
       if (lane == 0) {
         float psum = 0.0f;
-        for (int k = 0; k < cn; ++k) psum = __fadd_rn(psum, logit[base + k]);
-        s_psum[c] = psum;
-        s_rescale[c] = expf(m - m_new);
+        for (int k = 0; k < cn; ++k) psum = __fadd_rn(psum, logit[k]);
+        const float rescale = expf(m - m_new);
+        s_L = __fadd_rn(__fmul_rn(s_L, rescale), psum);
+        s_rescale = rescale;
+        s_m = m_new;
       }
-      for (int k = lane; k < cn; k += 32) pb[base + k] = round_bf16(logit[base + k]);
+      for (int k = lane; k < cn; k += 32) pb[k] = round_bf16(logit[k]);
     }
     __syncthreads();
-    for (int64_t d = d_lo + threadIdx.x; d < d_hi; d += kAttnThreads) {
-      float a = acc[d];
-      for (int cc = 0; cc < chunks; ++cc) {
-        const int b = cc * kChunk, n = min(kChunk, gn - b);
-        float sum = 0.0f;
+    const float rescale = s_rescale;
+    for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) {
+      float part = 0.0f;
 #pragma unroll 16
-        for (int k = 0; k < n; ++k) {
-          const float* row = rows[b + k];
-          if (row != nullptr) sum = __fadd_rn(sum, __fmul_rn(pb[b + k], row[d]));
-        }
-        a = __fadd_rn(__fmul_rn(a, s_rescale[cc]), sum);
+      for (int k = 0; k < cn; ++k) {
+        const float* row = rows[k];
+        if (row != nullptr) part = __fadd_rn(part, __fmul_rn(pb[k], row[d]));
       }
-      acc[d] = a;
-    }
-    if (threadIdx.x == 0) {
-      float L = s_L, m = s_m;
-      for (int cc = 0; cc < chunks; ++cc) L = __fadd_rn(__fmul_rn(L, s_rescale[cc]), s_psum[cc]), m = fmaxf(m, s_cmax[cc]);
-      s_L = L;
-      s_m = m;
+      acc[d] = __fadd_rn(__fmul_rn(acc[d], rescale), part);
     }
     __syncthreads();
   }
   const float L = __fadd_rn(s_L, expf(sink[h] - s_m));
   float* out = o + (t * H + h) * Dh;
-  for (int64_t d = d_lo + threadIdx.x; d < d_hi; d += kAttnThreads) out[d] = round_bf16(__fdiv_rn(acc[d], L));
+  for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) out[d] = round_bf16(__fdiv_rn(acc[d], L));
 }
 
 __global__ void pool_kernel(const float* __restrict__ k, const float* __restrict__ s, int64_t groups, int r,
@@ -329,11 +292,9 @@ Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, in
   if (S <= 0 || H <= 0) return absl::OkStatus();
   if (Dh <= 0 || Dh > 4096) return absl::InvalidArgumentError(absl::StrCat("sparse_attn_cuda: head dim ", Dh));
   const size_t smem = 2 * static_cast<size_t>(Dh) * sizeof(float);
-  // Too few heads x rows for the SMs (decode): each head's value dims in two CTAs.
-  const unsigned parts = H * S < cuda::sm_count() && Dh >= 2 * 32 ? 2 : 1;
   return cuda::launch(sparse_attn_kernel,
-                      cuda::LaunchParams{dim3(static_cast<unsigned>(H), static_cast<unsigned>(S), parts),
-                                         dim3(kAttnThreads), smem, stream_of(ctx)},
+                      cuda::LaunchParams{dim3(static_cast<unsigned>(H), static_cast<unsigned>(S)), dim3(kAttnThreads),
+                                         smem, stream_of(ctx)},
                       q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o);
 }
 
