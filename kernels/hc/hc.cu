@@ -35,21 +35,12 @@ __global__ void mixes_partial_kernel(const float* __restrict__ h, const float* _
 }
 
 // Mix i = t M + k of token t: (sum of its partials, in order) * rsqrt(mean square + eps).
-// The partials (P <= kMaxPartials) are all loaded before the first add, so the loads wait on
-// memory once rather than once each (a decode step's split waited ~P L2 round trips).
-constexpr int kMaxPartials = 32;
 __device__ __forceinline__ float finish_mix(const float* __restrict__ part_dot, const float* __restrict__ part_ss,
                                             int64_t n, int P, int64_t t, int64_t i, float eps) {
-  float ssv[kMaxPartials], dv[kMaxPartials];
-#pragma unroll
-  for (int p = 0; p < kMaxPartials; ++p) {
-    ssv[p] = p < P ? part_ss[t * P + p] : 0.0f;
-    dv[p] = p < P ? part_dot[i * P + p] : 0.0f;
-  }
   float ss = 0.0f, acc = 0.0f;
-#pragma unroll
-  for (int p = 0; p < kMaxPartials; ++p) {
-    if (p < P) ss += ssv[p], acc += dv[p];
+  for (int p = 0; p < P; ++p) {
+    ss += part_ss[t * P + p];
+    acc += part_dot[i * P + p];
   }
   return acc * (1.0f / sqrtf(ss / static_cast<float>(n) + eps));
 }
@@ -239,7 +230,7 @@ Status with_mix_partials(const ExecCtx& ctx, const float* h, const float* fn, in
                          const Finish& finish) {
   const int M = (2 + C) * C;
   const int64_t n = static_cast<int64_t>(C) * D;
-  const int P = static_cast<int>(std::min<int64_t>(kMaxPartials, (n + 2047) / 2048));
+  const int P = static_cast<int>(std::min<int64_t>(32, (n + 2047) / 2048));
   const int64_t chunk = (n + P - 1) / P;
   cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   float* part = nullptr;
