@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <set>
 #include <string_view>
 #include <utility>
 
@@ -506,30 +505,39 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   tiles.run(split_x(p.x, b.n_blocks), b.n_blocks);
 }
 
-// The dynamic shared memory a CTA may take on this device (asked once).
-size_t smem_limit() {
-  static const size_t limit = [] {
-    int dev = 0, bytes = 48 * 1024;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    return static_cast<size_t>(bytes);
-  }();
+// The dynamic shared memory a CTA of `kernel` may take on this device: the device's limit per
+// CTA less the kernel's static shared memory. Asked once per kernel, which is then opted in to
+// all of it (one setting per kernel: an opt-in per launch size would shrink it for the larger).
+StatusOr<size_t> dynamic_smem_limit(const void* kernel) {
+  static std::mutex mu;
+  static std::map<const void*, size_t> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(kernel);
+  if (it != known.end()) return it->second;
+  int dev = 0, optin = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cudaFuncAttributes attr{};
+  CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, kernel));
+  const size_t limit = static_cast<size_t>(optin) > attr.sharedSizeBytes ? optin - attr.sharedSizeBytes : 0;
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)));
+  known[kernel] = limit;
   return limit;
 }
 
-// CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
-// runtime once per (kernel, smem) and kept (the eager decode step launches ~250 of these).
+// CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds (0: more
+// than a CTA may take); asked of the runtime once per (kernel, smem) and kept (the eager decode
+// step launches ~250 of these).
 StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
+  if (smem > 48 * 1024) {  // beyond what every CTA may take
+    ASSIGN_OR_RETURN(const size_t limit, dynamic_smem_limit(kernel));
+    if (smem > limit) return 0;
+  }
   static std::mutex mu;
   static std::map<std::pair<const void*, size_t>, int> known;
   std::lock_guard<std::mutex> lock(mu);
   const auto it = known.find({kernel, smem});
   if (it != known.end()) return it->second;
-  static std::set<const void*> opted_in;
-  if (smem > 48 * 1024 && opted_in.count(kernel) == 0) {  // beyond the default: opt in to the device's limit
-    CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_limit())));
-    opted_in.insert(kernel);
-  }
   int per_sm = 0;
   CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   known[{kernel, smem}] = per_sm;
@@ -579,7 +587,6 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, int64_t row_bytes, b
   for (int buffers = aligned ? std::min(stage_mode(), 2) : 0; buffers >= 1; --buffers) {
     const Staging s = staging(n_blocks, row_bytes, kTileRows, buffers);
     const size_t smem = s.offset + static_cast<size_t>(buffers) * s.buffer_bytes;
-    if (smem > smem_limit()) continue;
     ASSIGN_OR_RETURN(const int per_sm, resident_ctas(fn, kCtaWarps * 32, smem));
     if (per_sm == 0) continue;
     const int64_t wave = static_cast<int64_t>(per_sm) * sm_count();
