@@ -125,18 +125,15 @@ struct Lane {
 // g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
 // so the result does not depend on timing. Ends with the CTA in step, so the next tile may
 // reuse the partial sums' memory.
-// The weight rows come from w: row w_row0 + i at w + i * stride (p's rows in global memory, or
-// a tile staged in shared memory).
 template <class Block, int kSlices, int kCtaWarps>
-__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile,
-                                         const uint8_t* w, int64_t stride, int64_t w_row0) {
+__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
   constexpr int kGroups = kCtaWarps / kSlices;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
   const int t = lane & 3;
   const Lane ln{lane >> 2, t, t == 0 ? 1.0f : t == 1 ? 0x1p-14f : 0.0f, t == 0 ? 0x1p-7f : t == 1 ? 0x1p-21f : 0.0f};
   const int64_t r0 = (tile * kGroups + warp / kSlices) * 16;
-  const uint8_t* row_a = w + (min(r0 + ln.g, p.rows - 1) - w_row0) * stride;
-  const uint8_t* row_b = w + (min(r0 + ln.g + 8, p.rows - 1) - w_row0) * stride;
+  const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
+  const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
   for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
     Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, blk, ln, &acc_a, &acc_b);
@@ -164,94 +161,9 @@ __device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& 
   const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_cta;
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;
   for (int64_t tile = first; tile < first + tiles_per_cta && tile * kTileRows < p.rows; ++tile) {
-    mma_rows<Block, kSlices, kCtaWarps>(p, x, n_blocks, tile, p.w, p.row_bytes, 0);
+    mma_rows<Block, kSlices, kCtaWarps>(p, x, n_blocks, tile);
   }
 }
-
-// Staged weights: a CTA copies each tile's rows (kTileRows consecutive rows: one contiguous
-// range of bytes) into its shared memory with cp.async, `buffers` tiles ahead, and multiplies
-// from there. The copies of the first tiles are issued before the CTA waits for its inputs or
-// splits x, so the weights stream while the kernel before it finishes and while x is split;
-// a warp's loads no longer wait on memory one block at a time.
-struct Staging {
-  int64_t stride = 0;  // bytes from one staged row to the next; 0: not staged
-  uint32_t offset = 0;  // buffer 0's place in the dynamic shared memory (after the digits)
-  uint32_t buffer_bytes = 0;
-  int buffers = 0;  // 1 or 2
-};
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
-// Rows [r0, r0 + n) of p's weight into buf (row i at i * stride), as one commit group. Rows
-// of a multiple of 16 bytes are copied one by one (the stride pads them so that a warp's 16
-// rows spread over the banks); others as one contiguous range (stride == row_bytes), its last
-// bytes short of 16 by plain loads. Both need the range's start 16-byte aligned (the host
-// checks).
-__device__ __forceinline__ void stage_rows(const LinearParams& p, int64_t r0, int64_t n, const Staging& s,
-                                           uint8_t* buf) {
-  const uint8_t* src = p.w + r0 * p.row_bytes;
-  if (s.stride != p.row_bytes) {
-    const int64_t per_row = p.row_bytes / 16;
-    for (int64_t i = threadIdx.x; i < n * per_row; i += blockDim.x) {
-      const int64_t r = i / per_row, c = i - r * per_row;
-      cp_async16(buf + r * s.stride + 16 * c, src + r * p.row_bytes + 16 * c);
-    }
-  } else {
-    const int64_t bytes = n * p.row_bytes, full = bytes / 16;
-    for (int64_t i = threadIdx.x; i < full; i += blockDim.x) cp_async16(buf + 16 * i, src + 16 * i);
-    for (int64_t i = 16 * full + threadIdx.x; i < bytes; i += blockDim.x) buf[i] = src[i];
-  }
-  cp_async_commit();
-}
-
-// A CTA's tiles (count consecutive ones from blockIdx.x's first) through the staging buffers.
-template <class Block, int kSlices, int kCtaWarps>
-struct StagedTiles {
-  static constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;
-  const LinearParams& p;
-  const Staging& s;
-  int64_t first;
-  int count;
-
-  __device__ __forceinline__ StagedTiles(const LinearParams& p_, const Staging& s_, int tiles_per_cta)
-      : p(p_), s(s_), first(static_cast<int64_t>(blockIdx.x) * tiles_per_cta) {
-    const int64_t tiles = (p.rows + kTileRows - 1) / kTileRows;
-    const int64_t left = tiles - first;
-    count = left <= 0 ? 0 : static_cast<int>(left < tiles_per_cta ? left : tiles_per_cta);
-  }
-  __device__ __forceinline__ uint8_t* buffer(int i) const {
-    extern __shared__ __align__(16) uint8_t smem[];
-    return smem + s.offset + static_cast<int64_t>(i % s.buffers) * s.buffer_bytes;
-  }
-  __device__ __forceinline__ void issue(int i) const {
-    const int64_t r0 = (first + i) * kTileRows;
-    stage_rows(p, r0, min(kTileRows, p.rows - r0), s, buffer(i));
-  }
-  // The first copies: only the weights, so this may run before cuda::await_inputs().
-  __device__ __forceinline__ void prologue() const {
-    for (int i = 0; i < s.buffers && i < count; ++i) issue(i);
-  }
-  __device__ __forceinline__ void run(const XDigits& x, int64_t n_blocks) const {
-    for (int i = 0; i < count; ++i) {
-      if (i + 1 < count && s.buffers > 1) {
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
-      mma_rows<Block, kSlices, kCtaWarps>(p, x, n_blocks, first + i, buffer(i), s.stride, (first + i) * kTileRows);
-      if (i + s.buffers < count) issue(i + s.buffers);  // mma_rows ended in step: buffer i is free
-    }
-  }
-};
 
 // Q4_K (144-byte blocks: d, dmin, 12 bytes of 6-bit scales and mins, qs[128]). Sub-block
 // s = 2c + h holds columns 32s + i with codes in nibble h of qs[32c + i]; lane t takes
@@ -450,23 +362,14 @@ struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
-  Staging stage;
 };
 
 template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
-  constexpr int kCtaWarps = cta_warps<kSlices>();
-  const LinearParams& p = b.p[blockIdx.y];
-  if (b.stage.stride == 0) {
-    cuda::await_inputs();
-    const XDigits x = split_x(p.x, b.n_blocks);
-    mma_tiles<Q4KBlock, kSlices, kCtaWarps>(p, x, b.n_blocks, b.tiles_per_cta);
-    return;
-  }
-  const StagedTiles<Q4KBlock, kSlices, kCtaWarps> tiles(p, b.stage, b.tiles_per_cta);
-  tiles.prologue();  // the weights: no earlier kernel writes them
   cuda::await_inputs();
-  tiles.run(split_x(p.x, b.n_blocks), b.n_blocks);
+  const LinearParams& p = b.p[blockIdx.y];
+  const XDigits x = split_x(p.x, b.n_blocks);
+  mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
@@ -482,7 +385,6 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
-  Staging stage;
 };
 
 template <class Block, int kSlices>
@@ -495,44 +397,13 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  if (b.stage.stride == 0) {
-    const XDigits x = split_x(p.x, b.n_blocks);
-    mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
-    return;
-  }
-  const StagedTiles<Block, kSlices, cta_warps<kSlices>()> tiles(p, b.stage, b.tiles_per_cta);
-  tiles.prologue();  // after the wait: the ids come from the router; the copies overlap the split
-  tiles.run(split_x(p.x, b.n_blocks), b.n_blocks);
+  const XDigits x = split_x(p.x, b.n_blocks);
+  mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
-// The dynamic shared memory a CTA of `kernel` may take on this device: the device's limit per
-// CTA less the kernel's static shared memory. Asked once per kernel, which is then opted in to
-// all of it (one setting per kernel: an opt-in per launch size would shrink it for the larger).
-StatusOr<size_t> dynamic_smem_limit(const void* kernel) {
-  static std::mutex mu;
-  static std::map<const void*, size_t> known;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto it = known.find(kernel);
-  if (it != known.end()) return it->second;
-  int dev = 0, optin = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  cudaFuncAttributes attr{};
-  CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attr, kernel));
-  const size_t limit = static_cast<size_t>(optin) > attr.sharedSizeBytes ? optin - attr.sharedSizeBytes : 0;
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)));
-  known[kernel] = limit;
-  return limit;
-}
-
-// CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds (0: more
-// than a CTA may take); asked of the runtime once per (kernel, smem) and kept (the eager decode
-// step launches ~250 of these).
+// CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
+// runtime once per (kernel, smem) and kept (the eager decode step launches ~250 of these).
 StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
-  if (smem > 48 * 1024) {  // beyond what every CTA may take
-    ASSIGN_OR_RETURN(const size_t limit, dynamic_smem_limit(kernel));
-    if (smem > limit) return 0;
-  }
   static std::mutex mu;
   static std::map<std::pair<const void*, size_t>, int> known;
   std::lock_guard<std::mutex> lock(mu);
@@ -544,64 +415,23 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
   return per_sm;
 }
 
-// DSF_MMA_STAGE, for measurement: 0 the weights read by each warp from global memory, 1 one
-// staging buffer, else (default 2) two where a CTA has two tiles or more.
-int stage_mode() {
-  static const int mode = static_cast<int>(env_int("DSF_MMA_STAGE", 2));
-  return mode;
-}
-
-// The staging of tiles of tile_rows rows after n_blocks blocks of digits: rows of a multiple
-// of 16 bytes padded to a stride of 32 mod 128 bytes (a warp's 8 rows x 32 bytes then meet
-// each bank twice, the least 256 bytes can), others contiguous.
-Staging staging(int64_t n_blocks, int64_t row_bytes, int64_t tile_rows, int buffers) {
-  Staging s;
-  s.stride = row_bytes % 16 == 0 ? row_bytes + (32 - row_bytes % 128 + 128) % 128 : row_bytes;
-  s.offset = static_cast<uint32_t>((n_blocks * kBlockSmem + 127) / 128 * 128);
-  s.buffer_bytes = static_cast<uint32_t>((tile_rows * s.stride + 127) / 128 * 128);
-  s.buffers = buffers;
-  return s;
-}
-
-// The launch of K<kSlices> over n products of `rows` (row_bytes each; `aligned`: every
-// product's weight starts on 16 bytes, as staging needs).
-// Staged (the default where it fits): as many tiles per CTA as spread them over one wave of
-// resident CTAs, each CTA copying its next tiles while it multiplies.
-// Else: as many tiles per CTA as still leave a full wave of resident CTAs (more tiles share one
-// digit split; fewer CTAs than a wave leave memory bandwidth unused: wo_b at 2 tiles a CTA, 160
-// CTAs, took 8 % longer).
+// The launch of K<kSlices> over n products of `rows`: as many tiles per CTA as still leave a
+// full wave of resident CTAs (more tiles share one digit split; fewer CTAs than a wave leave
+// memory bandwidth unused: wo_b at 2 tiles a CTA, 160 CTAs, took 8 % longer).
 template <template <int> class K, int kSlices, typename Arg>
-Status launch_slices(int64_t rows, int64_t n_blocks, int n, int64_t row_bytes, bool aligned, cudaStream_t st,
-                     Arg arg) {
+Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
   constexpr int kCtaWarps = cta_warps<kSlices>();
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;  // as mma_tiles
-  const void* fn = reinterpret_cast<const void*>(K<kSlices>::fn);
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-  const auto go = [&](size_t smem) {
-    const int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;
-    return cuda::launch(K<kSlices>::fn,
-                        cuda::LaunchParams{dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(n)),
-                                           dim3(kCtaWarps * 32), smem, st},
-                        arg);
-  };
-  for (int buffers = aligned ? std::min(stage_mode(), 2) : 0; buffers >= 1; --buffers) {
-    const Staging s = staging(n_blocks, row_bytes, kTileRows, buffers);
-    const size_t smem = s.offset + static_cast<size_t>(buffers) * s.buffer_bytes;
-    ASSIGN_OR_RETURN(const int per_sm, resident_ctas(fn, kCtaWarps * 32, smem));
-    if (per_sm == 0) continue;
-    const int64_t wave = static_cast<int64_t>(per_sm) * sm_count();
-    const int64_t per_cta = (tiles * n + wave - 1) / wave;
-    if (buffers == 2 && per_cta < 2) continue;  // nothing to overlap inside a CTA: one buffer
-    arg.stage = s;
-    arg.tiles_per_cta = static_cast<int>(per_cta);
-    return go(smem);
-  }
   const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
-  ASSIGN_OR_RETURN(const int per_sm, resident_ctas(fn, kCtaWarps * 32, smem));
+  ASSIGN_OR_RETURN(const int per_sm, resident_ctas(reinterpret_cast<const void*>(K<kSlices>::fn), kCtaWarps * 32, smem));
   const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sm_count());
-  arg.stage = Staging{};
   arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, tiles * n / wave));
-  return go(smem);
+  const int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;
+  return cuda::launch(K<kSlices>::fn,
+                      cuda::LaunchParams{dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(n)),
+                                         dim3(kCtaWarps * 32), smem, st},
+                      arg);
 }
 
 // Warps per row group (each takes every s-th block of the group's rows; a CTA sums them): the
@@ -627,18 +457,15 @@ int slices_for(int64_t n_blocks, int64_t group_products) {
 }
 
 template <template <int> class K, typename Arg>
-Status launch_mma(int64_t rows, int64_t n_blocks, int n, int64_t row_bytes, bool aligned, cudaStream_t st,
-                  const Arg& arg) {
+Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg) {
   switch (slices_for(n_blocks, (rows + 15) / 16 * n)) {
-    case 16: return launch_slices<K, 16>(rows, n_blocks, n, row_bytes, aligned, st, arg);
-    case 8: return launch_slices<K, 8>(rows, n_blocks, n, row_bytes, aligned, st, arg);
-    case 4: return launch_slices<K, 4>(rows, n_blocks, n, row_bytes, aligned, st, arg);
-    case 2: return launch_slices<K, 2>(rows, n_blocks, n, row_bytes, aligned, st, arg);
-    default: return launch_slices<K, 1>(rows, n_blocks, n, row_bytes, aligned, st, arg);
+    case 16: return launch_slices<K, 16>(rows, n_blocks, n, st, arg);
+    case 8: return launch_slices<K, 8>(rows, n_blocks, n, st, arg);
+    case 4: return launch_slices<K, 4>(rows, n_blocks, n, st, arg);
+    case 2: return launch_slices<K, 2>(rows, n_blocks, n, st, arg);
+    default: return launch_slices<K, 1>(rows, n_blocks, n, st, arg);
   }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <int kSlices>
 struct Q4KMma {
@@ -684,10 +511,8 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
-  bool aligned = true;
-  for (int i = 0; i < n; ++i) b.p[i] = p[i], aligned = aligned && aligned16(p[i].w);
-  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, p[0].row_bytes, aligned,
-                            static_cast<cudaStream_t>(ctx.cuda_stream), b);
+  for (int i = 0; i < n; ++i) b.p[i] = p[i];
+  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b);
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
@@ -700,15 +525,11 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1, Staging{}};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  const bool aligned = aligned16(p.w) && expert_bytes % 16 == 0 &&
-                       (w2 == nullptr || (aligned16(w2) && expert_bytes2 % 16 == 0));
-  if (type == quant::GgmlType::kQ3_K) {
-    return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, p.row_bytes, aligned, st, b);
-  }
-  return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, p.row_bytes, aligned, st, b);
+  if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
+  return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }
 
 }  // namespace dsflash::kernels
