@@ -35,4 +35,53 @@ DSF_HD inline void split(float v, int e, int (&q)[kDigits]) {
   q[0] = n;
 }
 
+// The same digits of four values at once, as the CUDA kernel packs them (byte i of word j is
+// value i's digit j, two's complement). n + kBias holds q3, q2, q1 as 7-bit fields offset by 64
+// (at bits 0, 7, 14) and q0 above them: the balanced digits above are exactly those fields,
+// found without the digit-by-digit subtractions.
+constexpr int kBias = 64 + 64 * 128 + 64 * 128 * 128;
+
+// v / S 128^3 = v 2^(26 - e) as two exact power-of-two products m1 m2 (2^(26 - e) overflows a
+// float for e < -101, where v is so small that v 2^127 is still exact).
+struct Scale {
+  float m1, m2;
+};
+DSF_HD inline Scale scale_of(int e) {
+  const int k = 26 - e, k1 = k < 127 ? k : 127;
+  return Scale{ldexpf(1.0f, k1), ldexpf(1.0f, k - k1)};
+}
+
+// n + kBias for v (n as in split: the same rounding of the same product).
+DSF_HD inline int biased(float v, Scale s) {
+#if defined(__CUDA_ARCH__)
+  return __float2int_rn(v * s.m1 * s.m2) + kBias;
+#else
+  return static_cast<int>(rintf(v * s.m1 * s.m2)) + kBias;
+#endif
+}
+
+// Digit j of four values from their biased n.
+DSF_HD inline unsigned pack_digit(const int (&nb)[4], int j) {
+  unsigned w = 0;
+  if (j == 0) {
+    for (int i = 0; i < 4; ++i) w |= (static_cast<unsigned>(nb[i] >> 21) & 0xffu) << (8 * i);
+    return w;
+  }
+  const int shift = 7 * (kDigits - 1 - j);
+  for (int i = 0; i < 4; ++i) w |= (static_cast<unsigned>(nb[i] >> shift) & 0x7fu) << (8 * i);
+  // Each byte f in [0, 128) to f - 64 as a signed byte: bit 6 flipped, bit 7 = not bit 6.
+  return (w ^ 0x40404040u) | ((~w & 0x40404040u) << 1);
+}
+
+// The sum of a word's four signed bytes.
+DSF_HD inline int sum_bytes(unsigned w) {
+#if defined(__CUDA_ARCH__)
+  return __dp4a(static_cast<int>(w), 0x01010101, 0);
+#else
+  int s = 0;
+  for (int i = 0; i < 4; ++i) s += static_cast<signed char>(static_cast<unsigned char>(w >> (8 * i)));
+  return s;
+#endif
+}
+
 }  // namespace dsflash::kernels::digits

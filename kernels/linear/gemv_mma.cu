@@ -60,31 +60,25 @@ __device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
     const float4* x4 = reinterpret_cast<const float4*>(x + blk * 256 + 8 * lane);
     const float4 u = x4[0], w = x4[1];
     const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
-    float amax = 0.0f;
-    bool lane_finite = true;
+    // max |v| by the magnitudes' bits (ordered as the floats; a NaN or infinity is >= 0x7f800000).
+    unsigned mbits = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i])), lane_finite = lane_finite && isfinite(v[i]);
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    for (int i = 0; i < 8; ++i) mbits = max(mbits, __float_as_uint(v[i]) & 0x7fffffffu);
+    for (int off = 16; off > 0; off >>= 1) mbits = max(mbits, __shfl_xor_sync(0xffffffffu, mbits, off));
     // S = 2^(e - 5) puts max|x| / S in [32, 64): q0 within [-64, 64]. A NaN or infinity in the
-    // block makes S NaN (fmaxf skips NaN, hence the vote), so every row's product is NaN.
-    const bool finite = __all_sync(0xffffffffu, lane_finite);
-    const int e = finite ? digits::scale_exponent(amax) : 0;
-    uint32_t words[kDigits][2] = {};
-    int sums[kDigits] = {};
+    // block makes S NaN, so every row's product is NaN.
+    const bool finite = mbits < 0x7f800000u;
+    const int e = finite ? digits::scale_exponent(__uint_as_float(mbits)) : 0;
+    const digits::Scale sc = digits::scale_of(e);
+    int nb[2][4];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      int q[kDigits];
-      digits::split(finite ? v[i] : 0.0f, e, q);
-#pragma unroll
-      for (int j = 0; j < kDigits; ++j) {
-        words[j][i / 4] |= (static_cast<uint32_t>(q[j]) & 0xffu) << (8 * (i % 4));
-        sums[j] += q[j];
-      }
-    }
+    for (int i = 0; i < 8; ++i) nb[i / 4][i % 4] = digits::biased(finite ? v[i] : 0.0f, sc);
 #pragma unroll
     for (int j = 0; j < kDigits; ++j) {
-      *reinterpret_cast<uint2*>(d.q + (blk * kDigits + j) * kQRow + 8 * lane) = make_uint2(words[j][0], words[j][1]);
-      const int s = sums[j] + __shfl_xor_sync(0xffffffffu, sums[j], 1);  // 16 columns: two lanes
+      const unsigned w0 = digits::pack_digit(nb[0], j), w1 = digits::pack_digit(nb[1], j);
+      *reinterpret_cast<uint2*>(d.q + (blk * kDigits + j) * kQRow + 8 * lane) = make_uint2(w0, w1);
+      const int sum = digits::sum_bytes(w0) + digits::sum_bytes(w1);
+      const int s = sum + __shfl_xor_sync(0xffffffffu, sum, 1);  // 16 columns: two lanes
       if ((lane & 1) == 0) d.dsum16[(blk * kDigits + j) * 16 + lane / 2] = s;
     }
     if (lane == 0) d.scale[blk] = finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);

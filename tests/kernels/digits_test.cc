@@ -105,5 +105,43 @@ TEST(Digits, SameValueAsDigitByDigitRounding) {
   }
 }
 
+// The packed form the CUDA kernel uses (biased n, 7-bit fields, four values a word) holds the
+// same digits as split(), byte for byte, and sum_bytes their sum, on the blocks of the first
+// test (subnormals and 1e-30 blocks included: the two-factor scaling) and on exact ties.
+TEST(Digits, PackedDigitsEqualTheSplit) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> decade(-12.0f, 12.0f);
+  std::uniform_int_distribution<int> code(-(1 << 22), (1 << 22) - 1);
+  for (int b = 0; b < 4000; ++b) {
+    std::vector<float> v(256);
+    const float d = decade(rng);
+    const float block_scale = std::pow(10.0f, b % 2 == 0 ? d * 2.5f : -std::fabs(d) * 3.6f);  // 1e-43 .. 1e30
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = i % 5 == 4 ? std::ldexp(static_cast<float>(code(rng)) + 0.5f, -27) * block_scale
+                        : nd(rng) * block_scale * std::pow(10.0f, (b % 4) * (decade(rng) / 12.0f));
+    }
+    if (b % 7 == 0) v[3] = std::numeric_limits<float>::denorm_min();
+    float amax = 0.0f;
+    for (float x : v) amax = std::fmax(amax, std::fabs(x));
+    const int e = digits::scale_exponent(amax);
+    const digits::Scale sc = digits::scale_of(e);
+    for (size_t i0 = 0; i0 < v.size(); i0 += 4) {
+      int nb[4], q[4][digits::kDigits];
+      for (int i = 0; i < 4; ++i) nb[i] = digits::biased(v[i0 + i], sc), digits::split(v[i0 + i], e, q[i]);
+      for (int j = 0; j < digits::kDigits; ++j) {
+        const unsigned w = digits::pack_digit(nb, j);
+        int sum = 0;
+        for (int i = 0; i < 4; ++i) {
+          ASSERT_EQ(static_cast<int>(static_cast<signed char>(static_cast<unsigned char>(w >> (8 * i)))), q[i][j])
+              << "value " << v[i0 + i] << " digit " << j << " block max " << amax;
+          sum += q[i][j];
+        }
+        ASSERT_EQ(digits::sum_bytes(w), sum);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsflash::kernels
