@@ -47,10 +47,50 @@ struct XDigits {
   float* scale;     // [block]
   __device__ __forceinline__ const int8_t* digit(int64_t blk, int g) const { return q + (blk * kDigits + g) * kQRow; }
   __device__ __forceinline__ const int32_t* sums(int64_t blk, int g) const { return dsum16 + (blk * kDigits + g) * 16; }
+  // Word w (0..31) of a block's mins operand (mins_table), kept in the padding of the digit
+  // rows (bytes 256 .. 287 of row w / 8, which no digit load reads).
+  __device__ __forceinline__ uint32_t* mins_slot(int64_t blk, int w) const {
+    return reinterpret_cast<uint32_t*>(q + (blk * kDigits + (w >> 3)) * kQRow + 256) + (w & 7);
+  }
 };
 
+// The B operand of the mins' mma (Block::add) for every block, from the digits' 16-column
+// sums. kSub: the type's sub-block columns (32: Q4_K, 8 sub-blocks; 16: Q2_K and Q3_K, 16).
+// Lane (g, t) of the mma supplies k = 4t .. 4t + 3 of column g: word 2g + t (t < 2, kSub 32) or
+// 4g + t (kSub 16) holds, for the sub-blocks s = 4t .. 4t + 3, byte by byte the low (g < 4) or
+// high (g >= 4) radix-128 digit of digit g % 4's sum over sub-block s (|sum| <= 2048: low in
+// [-64, 63], high in [-16, 16]).
+template <int kSub>
+__device__ __forceinline__ void mins_table(const XDigits& d, int64_t n_blocks) {
+  constexpr int kT = kSub == 32 ? 2 : 4, kWords = 8 * kT;
+  for (int64_t i = threadIdx.x; i < n_blocks * kWords; i += blockDim.x) {
+    const int64_t blk = i / kWords;
+    const int w = static_cast<int>(i % kWords), g = w / kT, t = w % kT;
+    int sums[4];
+    if constexpr (kSub == 32) {
+      const int4* s16 = reinterpret_cast<const int4*>(d.sums(blk, g & 3)) + 2 * t;
+      const int4 a = s16[0], b = s16[1];
+      sums[0] = a.x + a.y, sums[1] = a.z + a.w, sums[2] = b.x + b.y, sums[3] = b.z + b.w;
+    } else {
+      const int4 a = reinterpret_cast<const int4*>(d.sums(blk, g & 3))[t];
+      sums[0] = a.x, sums[1] = a.y, sums[2] = a.z, sums[3] = a.w;
+    }
+    uint32_t word = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int lo = ((sums[k] + 64) & 127) - 64;
+      const int part = g < 4 ? lo : (sums[k] - lo) >> 7;
+      word |= (static_cast<uint32_t>(part) & 0xffu) << (8 * k);
+    }
+    *d.mins_slot(blk, w) = word;
+  }
+  __syncthreads();
+}
+
 // Splits x ([n_blocks][256], 16-byte aligned) into the CTA's shared memory, one warp per block
-// (lane l: columns 8l .. 8l + 7), and returns where it lies once every warp has written it.
+// (lane l: columns 8l .. 8l + 7), and returns where it lies once every warp has written it
+// (and the mins' operand of kSub-column sub-blocks, mins_table).
+template <int kSub>
 __device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
   extern __shared__ __align__(16) uint8_t smem[];
   const XDigits d{reinterpret_cast<int8_t*>(smem), reinterpret_cast<int32_t*>(smem + n_blocks * kDigits * kQRow),
@@ -84,6 +124,7 @@ __device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
     if (lane == 0) d.scale[blk] = finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);
   }
   __syncthreads();
+  mins_table<kSub>(d, n_blocks);
   return d;
 }
 
@@ -113,6 +154,13 @@ struct Lane {
   __device__ __forceinline__ float digits(int v0, int v1) const {
     return static_cast<float>(v0) * w0 + static_cast<float>(v1) * w1;
   }
+  // The mins' results (columns 2t, 2t + 1 of mins_table's operand): the low radix-128
+  // digit of digits 2t, 2t + 1 (t < 2) or the high one of digits 2t - 4, 2t - 3 (t >= 2).
+  __device__ __forceinline__ float mins(int m0, int m1) const {
+    const int e = t < 2 ? -14 * t : 7 - 14 * (t - 2);
+    return static_cast<float>(m0) * exp2f_exact(e) + static_cast<float>(m1) * exp2f_exact(e - 7);
+  }
+  __device__ __forceinline__ static float exp2f_exact(int e) { return __int_as_float((e + 127) << 23); }
 };
 
 // The rows of one tile (kCtaWarps / kSlices row groups of 16): each lane's partial sums (rows
@@ -174,7 +222,6 @@ struct Q4KBlock {
       m_hi = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
     }
     __device__ __forceinline__ int sc(int s) const { return byte_of(s < 4 ? sc_lo : sc_hi, s % 4); }
-    __device__ __forceinline__ int m(int s) const { return byte_of(s < 4 ? m_lo : m_hi, s % 4); }
     float d, dmin;
     uint32_t sc_lo, m_lo, sc_hi, m_hi;
   };
@@ -197,48 +244,24 @@ struct Q4KBlock {
         vb0 += hb.sc(s) * d[2], vb1 += hb.sc(s) * d[3];
       }
     }
-    // The mins: sum over sub-blocks of m_s times the digit sums of columns 2t, 2t + 1.
-    int ma0 = 0, ma1 = 0, mb0 = 0, mb1 = 0;
-    if (ln.t < 2) {
-      const int4* e = reinterpret_cast<const int4*>(x.sums(xblk, 2 * ln.t));  // digits 2t, 2t + 1: 16 + 16
-      int d0[8], d1[8];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int4 a = e[k], b = e[4 + k];
-        d0[2 * k] = a.x + a.y, d0[2 * k + 1] = a.z + a.w, d1[2 * k] = b.x + b.y, d1[2 * k + 1] = b.z + b.w;
-      }
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        ma0 += ha.m(s) * d0[s], ma1 += ha.m(s) * d1[s];
-        mb0 += hb.m(s) * d0[s], mb1 += hb.m(s) * d1[s];
-      }
-    }
+    // The mins, sum over sub-blocks of m_s times the digits' 32-column sums, on one more mma:
+    // A row r holds its eight 6-bit mins at k = 0..7 (lane t's k = 4t..: t = 0 the first four,
+    // t = 1 the last), B is mins_table's operand.
+    const uint32_t bm = ln.t < 2 ? *x.mins_slot(xblk, 2 * ln.g + ln.t) : 0u;  // mins_table<32>
+    const uint32_t am_a = ln.t == 0 ? ha.m_lo : ln.t == 1 ? ha.m_hi : 0u;
+    const uint32_t am_b = ln.t == 0 ? hb.m_lo : ln.t == 1 ? hb.m_hi : 0u;
+    int m[4] = {0, 0, 0, 0};
+    mma_s8(m, am_a, am_b, 0u, 0u, make_uint2(bm, 0u));
     const float S = x.scale[xblk];
-    *acc_a += S * (ha.d * ln.digits(va0, va1) - ha.dmin * ln.digits(ma0, ma1));
-    *acc_b += S * (hb.d * ln.digits(vb0, vb1) - hb.dmin * ln.digits(mb0, mb1));
+    *acc_a += S * (ha.d * ln.digits(va0, va1) - ha.dmin * ln.mins(m[0], m[1]));
+    *acc_b += S * (hb.d * ln.digits(vb0, vb1) - hb.dmin * ln.mins(m[2], m[3]));
   }
 };
 
-// Lanes t < 2: the sums over the 16 sub-blocks s of wa(s) and wb(s) (rows g, g + 8) times the
-// digit sums of columns 2t, 2t + 1 (the Q2_K mins, the Q3_K scales' offset term); zero on lanes
-// t >= 2, whose columns are zero.
-template <class Wa, class Wb>
-__device__ __forceinline__ void dsum16_dot(const XDigits& x, int64_t xblk, const Lane& ln, Wa wa, Wb wb, int (&a)[2],
-                                           int (&b)[2]) {
-  a[0] = a[1] = b[0] = b[1] = 0;
-  if (ln.t >= 2) return;
-  const int4* ds = reinterpret_cast<const int4*>(x.sums(xblk, 2 * ln.t));
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int4 e = ds[k], f = ds[4 + k];
-    const int d0[4] = {e.x, e.y, e.z, e.w}, d1[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int s = 4 * k + i, ws_a = wa(s), ws_b = wb(s);
-      a[0] += ws_a * d0[i], a[1] += ws_a * d1[i];
-      b[0] += ws_b * d0[i], b[1] += ws_b * d1[i];
-    }
-  }
+// Word t of four little-endian words (a select chain: a register array indexed by a lane's t
+// would live in local memory).
+__device__ __forceinline__ uint32_t word_at(const uint32_t (&w)[4], int t) {
+  return t == 0 ? w[0] : t == 1 ? w[1] : t == 2 ? w[2] : w[3];
 }
 
 // Q2_K (84-byte blocks, 4-byte aligned: scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin).
@@ -273,15 +296,15 @@ struct Q2KBlock {
                ((qa1 >> (2 * j)) & 0x03030303u) * fa, ((qb1 >> (2 * j)) & 0x03030303u) * fb, xv);
       }
     }
-    // The mins: m_s is the high nibble of scale byte s.
-    int ma[2], mb[2];
-    dsum16_dot(
-        x, xblk, ln, [&](int s) { return byte_of(sca[s / 4], s % 4) >> 4; },
-        [&](int s) { return byte_of(scb[s / 4], s % 4) >> 4; }, ma, mb);
+    // The mins (m_s: the high nibble of scale byte s) on one more mma, A row r's k = s, B
+    // mins_table<16>'s operand.
+    int m[4] = {0, 0, 0, 0};
+    mma_s8(m, (word_at(sca, ln.t) >> 4) & 0x0f0f0f0fu, (word_at(scb, ln.t) >> 4) & 0x0f0f0f0fu, 0u, 0u,
+           make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
     const uint32_t da = *reinterpret_cast<const uint32_t*>(ba + 80), db = *reinterpret_cast<const uint32_t*>(bb + 80);
     const float S = x.scale[xblk];
-    *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.digits(ma[0], ma[1]));
-    *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.digits(mb[0], mb[1]));
+    *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.mins(m[0], m[1]));
+    *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.mins(m[2], m[3]));
   }
 };
 
@@ -335,14 +358,15 @@ struct Q3KBlock {
         mma_s8(vc, ca0, cb0, ca1, cb1, xv);
       }
     }
-    // The -4 offset: (u_s - 32) times the digit sums.
-    int ga[2], gb[2];
-    dsum16_dot(
-        x, xblk, ln, [&](int s) { return ra.scale(s) - 32; }, [&](int s) { return rb.scale(s) - 32; }, ga, gb);
+    // The -4 offset: (u_s - 32) times the digit sums, on one more mma (A row r's k = s: its
+    // signed scales, bytewise; B mins_table<16>'s operand).
+    int g[4] = {0, 0, 0, 0};
+    mma_s8(g, __vsub4(word_at(ra.u, ln.t), 0x20202020u), __vsub4(word_at(rb.u, ln.t), 0x20202020u), 0u, 0u,
+           make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
     const float S = x.scale[xblk];
-    const auto total = [&](int i, int g) { return 8 * vh[i] + vl[i] - 32 * vc[i] - 4 * g; };
-    *acc_a += S * ra.d * ln.digits(total(0, ga[0]), total(1, ga[1]));
-    *acc_b += S * rb.d * ln.digits(total(2, gb[0]), total(3, gb[1]));
+    const auto total = [&](int i) { return 8 * vh[i] + vl[i] - 32 * vc[i]; };
+    *acc_a += S * ra.d * (ln.digits(total(0), total(1)) - 4.0f * ln.mins(g[0], g[1]));
+    *acc_b += S * rb.d * (ln.digits(total(2), total(3)) - 4.0f * ln.mins(g[2], g[3]));
   }
 };
 
@@ -362,7 +386,7 @@ template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
-  const XDigits x = split_x(p.x, b.n_blocks);
+  const XDigits x = split_x<32>(p.x, b.n_blocks);
   mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
@@ -391,7 +415,7 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  const XDigits x = split_x(p.x, b.n_blocks);
+  const XDigits x = split_x<16>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
