@@ -192,11 +192,10 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   // Window rows: kv_norm(wkv x), RoPE, FP8 QDQ; then the rows attention reads (window_kv).
   ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * Dh));
   RETURN_IF_ERROR(dev_linear(ctx, w.wkv, x, S, kv.get()));
-  RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, kv.get(), w.kv_norm, S, Dh, cfg_.norm_eps, kv.get()));
-  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, kv.get(), S, Dh, pos, 1));
-  RETURN_IF_ERROR(kernels::qdq::fp8_e8m0_32_cuda(ctx, kv.get(), S * Dh));
   DeviceLayerState& st = call.seq.layers[l];
-  const bool decode = pos0 > 0 && S == 1;
+  const bool decode = pos0 > 0 && S == 1;  // the finish writes the ring row too
+  RETURN_IF_ERROR(kernels::attn::kv_rows_cuda(ctx, kv.get(), S, Dh, w.kv_norm, cfg_.norm_eps, rope, dims, pos,
+                                              decode ? st.ring.get() : nullptr, W));
   DevBuf<float> joined;  // a later prefill chunk: [ring before this call ; this call's rows]
   const float* kv_a = pos0 == 0 ? kv.get() : st.ring.get();
   if (pos0 > 0 && !decode) {
@@ -205,7 +204,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
     RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToDevice, joined.get() + W * Dh, kv.get(), S * Dh * f));
     kv_a = joined.get();
   }
-  RETURN_IF_ERROR(kernels::attn::ring_write_cuda(ctx, kv.get(), pos, S, W, Dh, st.ring.get()));
+  if (!decode) RETURN_IF_ERROR(kernels::attn::ring_write_cuda(ctx, kv.get(), pos, S, W, Dh, st.ring.get()));
   proj.reset();
   const float* kv_b = nullptr;
   if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), kv_b));

@@ -4,6 +4,9 @@
 #include "kernels/attn/attn_cuda.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/math.cuh"
+#include "kernels/norm/norm_row.cuh"
+#include "kernels/qdq/qdq_math.cuh"
+#include "kernels/rope/rope_math.cuh"
 
 namespace dsflash::kernels::attn {
 namespace {
@@ -259,6 +262,46 @@ __global__ void ring_write_kernel(const float* __restrict__ kv, int64_t pos0_val
   ring[((pos0 + t) % W) * Dh + d] = kv[t * Dh + d];
 }
 
+// kv_rows_cuda: one block per row, the three ops in turn on the row in global memory (each
+// thread's writes visible to the block after a barrier), each as its own kernel does it.
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    kv_rows_kernel(float* __restrict__ kv, int64_t Dh, const float* __restrict__ norm_w, float eps,
+                   const float* __restrict__ freqs, int half, int64_t pos0_value, const int64_t* pos0_dev,
+                   float* __restrict__ ring, int64_t W) {
+  cuda::await_inputs();
+  const int64_t t = blockIdx.x, pos = cuda::scalar_value(pos0_value, pos0_dev) + t;
+  float* row = kv + t * Dh;
+  if (Dh <= kThreads * cuda::kRowRegs) {  // RMSNorm as rms_norm_kernel
+    float xs[cuda::kRowRegs];
+#pragma unroll
+    for (int k = 0; k < cuda::kRowRegs; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kThreads;
+      xs[k] = i < Dh ? row[i] : 0.0f;
+    }
+    cuda::rms_scale_regs<kThreads>(xs, norm_w, Dh, eps, row);
+  } else {
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < Dh; i += kThreads) ss = fmaf(row[i], row[i], ss);
+    cuda::rms_scale_row<kThreads>(row, norm_w, Dh, ss, eps, row);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < half; i += kThreads) {  // RoPE as rope_kernel (row t at pos0 + t)
+    rope::detail::rotate_pair(row + Dh - 2 * half, i, static_cast<float>(pos) * freqs[i], false);
+  }
+  __syncthreads();
+  for (int64_t i0 = 0; i0 < Dh; i0 += kThreads) {  // FP8 QDQ as qdq_kernel: a warp holds a block of 32
+    const int64_t i = i0 + threadIdx.x;
+    const float x = i < Dh ? row[i] : 0.0f;
+    float amax = fabsf(x);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (i >= Dh) continue;
+    const float v = qdq::detail::qdq_value<qdq::detail::Kind::kFp8E8m0>(x, amax);
+    row[i] = v;
+    if (ring != nullptr) ring[(pos % W) * Dh + i] = v;
+  }
+}
+
 __global__ void publish_topk_kernel(const int32_t* __restrict__ top, int64_t S, int64_t k, int64_t pos0_value,
                                     const int64_t* pos0_dev, int ratio, int64_t n_win, int32_t* __restrict__ out,
                                     int64_t ld) {
@@ -361,6 +404,21 @@ Status ring_write_cuda(const ExecCtx& ctx, const float* kv, DevScalar pos0, int6
   const int64_t first = std::max<int64_t>(0, S - W);
   if (S <= 0) return absl::OkStatus();
   return cuda::launch(ring_write_kernel, flat(ctx, (S - first) * Dh), kv, pos0.value, pos0.dev, S, first, W, Dh, ring);
+}
+
+Status kv_rows_cuda(const ExecCtx& ctx, float* kv, int64_t S, int64_t Dh, const float* norm_w, float eps,
+                    const float* freqs, int dims, DevScalar pos0, float* ring, int64_t W) {
+  if (S <= 0) return absl::OkStatus();
+  if (Dh <= 0 || Dh % 32 != 0 || dims <= 0 || dims % 2 != 0 || dims > Dh || (ring != nullptr && (S != 1 || W <= 0))) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_rows_cuda: Dh ", Dh, " (a multiple of 32), dims ", dims,
+                                                   " (even, <= Dh), a ring write only for one row"));
+  }
+  return cuda::with_norm_threads(Dh, [&](auto threads) {
+    constexpr int kThreads = decltype(threads)::value;
+    return cuda::launch(kv_rows_kernel<kThreads>,
+                        cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(kThreads), 0, stream_of(ctx)}, kv, Dh,
+                        norm_w, eps, freqs, dims / 2, pos0.value, pos0.dev, ring, W);
+  });
 }
 
 Status publish_topk_cuda(const ExecCtx& ctx, const int32_t* top, int64_t S, int64_t k, DevScalar pos0, int ratio,

@@ -51,6 +51,12 @@ Status window_index_cuda(const ExecCtx& ctx, DevScalar pos0, int64_t S, int64_t 
 // ring[(pos0 + t) mod W] = kv[t] for the last min(S, W) rows of kv [S][Dh].
 Status ring_write_cuda(const ExecCtx& ctx, const float* kv, DevScalar pos0, int64_t S, int64_t W, int64_t Dh,
                        float* ring);
+// The window rows' finish in one launch, equal to rms_norm_cuda(kv, norm_w), then
+// rope::apply_cuda(freqs, dims, kv, S, Dh, pos0, 1), then qdq::fp8_e8m0_32_cuda(kv), in place
+// on kv [S][Dh] (Dh a multiple of 32), and with a ring (one row: a decode step) also
+// ring_write_cuda of the result.
+Status kv_rows_cuda(const ExecCtx& ctx, float* kv, int64_t S, int64_t Dh, const float* norm_w, float eps,
+                    const float* freqs, int dims, DevScalar pos0, float* ring, int64_t W);
 // out[t][i] (row stride ld) = top[t][i] < (pos0 + t + 1) / ratio ? top[t][i] + n_win : -1.
 Status publish_topk_cuda(const ExecCtx& ctx, const int32_t* top, int64_t S, int64_t k, DevScalar pos0, int ratio,
                          int64_t n_win, int32_t* out, int64_t ld);

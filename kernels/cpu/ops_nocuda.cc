@@ -38,6 +38,10 @@ Status window_index_cuda(const ExecCtx&, DevScalar, int64_t, int64_t, int32_t*, 
 Status ring_write_cuda(const ExecCtx&, const float*, DevScalar, int64_t, int64_t, int64_t, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
+Status kv_rows_cuda(const ExecCtx&, float*, int64_t, int64_t, const float*, float, const float*, int, DevScalar, float*,
+                    int64_t) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
 Status publish_topk_cuda(const ExecCtx&, const int32_t*, int64_t, int64_t, DevScalar, int, int64_t, int32_t*, int64_t) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

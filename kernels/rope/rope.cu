@@ -1,8 +1,7 @@
 // Rotary embedding kernel (see rope_cuda.h): one thread per rotated pair.
-#include <cuda_bf16.h>
-
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/rope/rope_cuda.h"
+#include "kernels/rope/rope_math.cuh"
 
 namespace dsflash::kernels::rope {
 namespace {
@@ -16,13 +15,7 @@ __global__ void rope_kernel(const float* __restrict__ freqs, int half, float* __
   const int64_t row = k / half, pos0 = cuda::scalar_value(pos0_value, pos0_dev);
   const int i = static_cast<int>(k % half);
   float* tail = v + row * len + (len - 2 * half);
-  const float a = static_cast<float>(pos0 + (row / rows_per_pos) * pos_stride) * freqs[i];
-  float s, c;
-  sincosf(a, &s, &c);
-  if (inverse) s = -s;
-  const float re = tail[2 * i], im = tail[2 * i + 1];
-  tail[2 * i] = __bfloat162float(__float2bfloat16_rn(re * c - im * s));
-  tail[2 * i + 1] = __bfloat162float(__float2bfloat16_rn(re * s + im * c));
+  detail::rotate_pair(tail, i, static_cast<float>(pos0 + (row / rows_per_pos) * pos_stride) * freqs[i], inverse);
 }
 
 }  // namespace

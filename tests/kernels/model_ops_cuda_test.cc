@@ -25,6 +25,9 @@
 #include "kernels/linear/linear.h"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_cuda.h"
+#include "kernels/norm/norm_cuda.h"
+#include "kernels/qdq/qdq_cuda.h"
+#include "kernels/rope/rope_cuda.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tests/test_util.h"
 
@@ -114,6 +117,47 @@ TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
     agree.add(want, to_host(d_o, want.size()), "sparse_attn Dh=" + std::to_string(sh.Dh));
   }
   agree.check("sparse_attn");
+}
+
+// The window rows' finish in one launch (kv_rows_cuda) equals RMSNorm, RoPE and FP8 QDQ as
+// separate launches bit for bit (rows of 64, 512 and 1056 values: the registers' and the
+// loop's norm, 256 and 1024 threads; position from the host and from device memory), and a
+// decode row lands in its ring slot with the other slots untouched. Bad shapes are refused.
+TEST_F(ModelOpsCuda, FusedWindowRowsEqualTheOps) {
+  std::mt19937 rng(29);
+  for (const int64_t Dh : {64, 512, 1056}) {
+    for (const int64_t S : {1, 3}) {
+      const int dims = 64;
+      const int64_t W = 5, pos0 = 13;
+      const std::vector<float> kv = bf16_normal(rng, S * Dh, 3.0f), nw = bf16_normal(rng, Dh, 0.5f);
+      std::vector<float> freqs(dims / 2);
+      for (int i = 0; i < dims / 2; ++i) freqs[i] = std::pow(10000.0f, -2.0f * i / dims);
+      float *a = dev(kv), *b = dev(kv), *dnw = dev(nw), *df = dev(freqs);
+      const int64_t* dpos = dev(std::vector<int64_t>{pos0});
+      const kernels::DevScalar pos = S == 1 ? kernels::DevScalar(0, dpos) : kernels::DevScalar(pos0);
+      ASSERT_TRUE(rms_norm_cuda(ctx(), a, dnw, S, Dh, 1e-6f, a).ok());
+      ASSERT_TRUE(rope::apply_cuda(ctx(), df, dims, a, S, Dh, pos, 1).ok());
+      ASSERT_TRUE(qdq::fp8_e8m0_32_cuda(ctx(), a, S * Dh).ok());
+      const std::vector<float> ring0 = bf16_normal(rng, W * Dh);
+      float* ring = dev(ring0);
+      ASSERT_TRUE(attn::kv_rows_cuda(ctx(), b, S, Dh, dnw, 1e-6f, df, dims, pos, S == 1 ? ring : nullptr, W).ok());
+      sync();
+      const std::vector<float> want = to_host(a, S * Dh), got = to_host(b, S * Dh), ring1 = to_host(ring, W * Dh);
+      for (int64_t i = 0; i < S * Dh; ++i) {
+        ASSERT_EQ(quant::f32_bits(got[i]), quant::f32_bits(want[i])) << "Dh=" << Dh << " S=" << S << " [" << i << "]";
+      }
+      for (int64_t r = 0; r < W; ++r) {
+        for (int64_t d = 0; d < Dh; ++d) {
+          const float expect = S == 1 && r == pos0 % W ? want[d] : ring0[r * Dh + d];
+          ASSERT_EQ(quant::f32_bits(ring1[r * Dh + d]), quant::f32_bits(expect)) << "ring row " << r << " [" << d << "]";
+        }
+      }
+    }
+  }
+  const std::vector<float> one(48, 1.0f);
+  float* d = dev(one);
+  EXPECT_EQ(attn::kv_rows_cuda(ctx(), d, 1, 48, d, 1e-6f, d, 16, 0, nullptr, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(attn::kv_rows_cuda(ctx(), d, 2, 32, d, 1e-6f, d, 16, 0, d, 1).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(ModelOpsCuda, PoolAndIndexScoresMatchCpu) {
