@@ -121,7 +121,8 @@ struct SplitArgs {
 };
 
 // mixes_finish_kernel and split_warp_kernel for token t on the first warp (M <= 32): lane k
-// finishes mix k, the warp splits them.
+// finishes mix k, the warp splits them. Not inlined: inside the 256-thread split_pre_norm_kernel
+// it made ptxas spill 8 bytes.
 __device__ __noinline__ void finish_split_token(const SplitArgs& a, int64_t t) {
   __shared__ float mt[32];
   const int lane = threadIdx.x, M = (2 + a.C) * a.C;

@@ -5,9 +5,11 @@
 // every step exact in fp32, |e| <= max|x| 2^-27 (zero for |x| >= max|x| / 8), held in its shared
 // memory (inputs of up to kMaxMmaBlocks blocks). The weight codes are exact small integers, so
 // `mma.m16n8k32.s8` multiplies 16 rows by the four digits (the B operand's columns 0..3) and
-// sums in int32 without rounding; the sub-block scales and mins are applied in int32 too (Q4_K
-// after each sub-block's mma, Q2_K / Q3_K folded into the codes). Per block and row only the
-// digit sums' conversion and the d / dmin products round (fp32), so a product is as close to the
+// sums in int32 without rounding; the sub-block scales are applied in int32 too (Q4_K after
+// each sub-block's mma, Q2_K / Q3_K folded into the codes), and the mins (Q3_K: its scales'
+// offset) take one more mma a block, on the B columns 4..7 the digits leave empty
+// (mins_table). Per block and row only the integer sums' conversion and the d / dmin products
+// round (fp32), so a product is as close to the
 // CPU's fp32 one as fp32 summation order allows (NMSE ~2e-13 in linear_cuda_test).
 // What it saves against the fp32 kernels of gemv.cu: x is read once per 16 rows as 8-bit
 // digits instead of once per row as floats (the fp32 Q4_K GEMV of a 1-row-per-warp shape had
@@ -33,8 +35,8 @@ using namespace dsflash::kernels::cuda;
 using digits::kDigits;
 
 // x as digits in a CTA's shared memory, per 256-column block: four digit rows of 256 bytes,
-// each padded to kQRow (a warp's 16 digit loads then hit distinct banks), the digits' sums per
-// 16 columns (the K-quants' mins) and S.
+// each padded to kQRow (a warp's 16 digit loads then hit distinct banks; the padding holds the
+// mins' operand), the digits' sums per 16 columns (what that operand is made of) and S.
 constexpr int kQRow = 288;
 constexpr int kBlockSmem = kDigits * kQRow + kDigits * 16 * 4 + 4;
 // The largest input: its digits, beside mma_rows' partial sums, in the 48 KB a CTA may take
