@@ -272,19 +272,7 @@ __global__ void __launch_bounds__(kThreads)
   cuda::await_inputs();
   const int64_t t = blockIdx.x, pos = cuda::scalar_value(pos0_value, pos0_dev) + t;
   float* row = kv + t * Dh;
-  if (Dh <= kThreads * cuda::kRowRegs) {  // RMSNorm as rms_norm_kernel
-    float xs[cuda::kRowRegs];
-#pragma unroll
-    for (int k = 0; k < cuda::kRowRegs; ++k) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kThreads;
-      xs[k] = i < Dh ? row[i] : 0.0f;
-    }
-    cuda::rms_scale_regs<kThreads>(xs, norm_w, Dh, eps, row);
-  } else {
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < Dh; i += kThreads) ss = fmaf(row[i], row[i], ss);
-    cuda::rms_scale_row<kThreads>(row, norm_w, Dh, ss, eps, row);
-  }
+  cuda::rms_norm_row<kThreads>(row, norm_w, Dh, eps, row);  // as rms_norm_kernel
   __syncthreads();
   for (int i = threadIdx.x; i < half; i += kThreads) {  // RoPE as rope_kernel (row t at pos0 + t)
     rope::detail::rotate_pair(row + Dh - 2 * half, i, static_cast<float>(pos) * freqs[i], false);
@@ -292,11 +280,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   for (int64_t i0 = 0; i0 < Dh; i0 += kThreads) {  // FP8 QDQ as qdq_kernel: a warp holds a block of 32
     const int64_t i = i0 + threadIdx.x;
-    const float x = i < Dh ? row[i] : 0.0f;
-    float amax = fabsf(x);
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float v = qdq::detail::qdq_lane<qdq::detail::Kind::kFp8E8m0>(i < Dh ? row[i] : 0.0f);
     if (i >= Dh) continue;
-    const float v = qdq::detail::qdq_value<qdq::detail::Kind::kFp8E8m0>(x, amax);
     row[i] = v;
     if (ring != nullptr) ring[(pos % W) * Dh + i] = v;
   }

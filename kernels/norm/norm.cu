@@ -10,23 +10,10 @@ namespace dsflash::kernels {
 namespace {
 
 template <int kThreads>
-__global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                                            int64_t n, float eps, float* __restrict__ y) {
+__global__ void __launch_bounds__(kThreads) rms_norm_kernel(const float* x, const float* __restrict__ w, int64_t n,
+                                                            float eps, float* y) {
   cuda::await_inputs();
-  const float* xr = x + blockIdx.x * n;
-  if (n <= kThreads * cuda::kRowRegs) {  // the row in registers (in place: a thread writes what it read)
-    float xs[cuda::kRowRegs];
-#pragma unroll
-    for (int k = 0; k < cuda::kRowRegs; ++k) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kThreads;
-      xs[k] = i < n ? xr[i] : 0.0f;
-    }
-    cuda::rms_scale_regs<kThreads>(xs, w, n, eps, y + blockIdx.x * n);
-    return;
-  }
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += kThreads) ss = fmaf(xr[i], xr[i], ss);
-  cuda::rms_scale_row<kThreads>(xr, w, n, ss, eps, y + blockIdx.x * n);
+  cuda::rms_norm_row<kThreads>(x + blockIdx.x * n, w, n, eps, y + blockIdx.x * n);
 }
 
 }  // namespace

@@ -56,4 +56,24 @@ __device__ __forceinline__ void rms_scale_regs(const float (&xs)[kRowRegs], cons
   }
 }
 
+// The RMSNorm of row x (n values) into y by the block: the row in registers when it fits
+// (rms_scale_regs: every load in one round), else by strides (rms_scale_row). x may be y.
+template <int kThreads>
+__device__ __forceinline__ void rms_norm_row(const float* x, const float* __restrict__ w, int64_t n, float eps,
+                                             float* y) {
+  if (n <= kThreads * kRowRegs) {  // a thread writes only what it read, so in place is safe
+    float xs[kRowRegs];
+#pragma unroll
+    for (int k = 0; k < kRowRegs; ++k) {
+      const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kThreads;
+      xs[k] = i < n ? x[i] : 0.0f;
+    }
+    rms_scale_regs<kThreads>(xs, w, n, eps, y);
+    return;
+  }
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) ss = fmaf(x[i], x[i], ss);
+  rms_scale_row<kThreads>(x, w, n, ss, eps, y);
+}
+
 }  // namespace dsflash::kernels::cuda

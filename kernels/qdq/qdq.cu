@@ -15,13 +15,9 @@ using namespace detail;
 template <Kind K>
 __global__ void qdq_kernel(float* __restrict__ v, int64_t n) {
   cuda::await_inputs();
-  constexpr int kBlock = K == Kind::kFp4E4m3 ? 16 : 32;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const float x = i < n ? v[i] : 0.0f;
-  float amax = fabsf(x);
-  for (int o = kBlock / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if (i >= n) return;
-  v[i] = qdq_value<K>(x, amax);
+  const float q = qdq_lane<K>(i < n ? v[i] : 0.0f);
+  if (i < n) v[i] = q;
 }
 
 template <Kind K>

@@ -80,4 +80,15 @@ __device__ __forceinline__ float qdq_value(float x, float amax) {
   return __bfloat162float(__float2bfloat16_rn(q * s));
 }
 
+// qdq_value of x in its block: lanes of kBlock (16 or 32) consecutive lanes hold one block,
+// whose amax they share by shuffles (every lane of the warp calls this; a lane past the data
+// passes 0 and ignores the result).
+template <Kind K>
+__device__ __forceinline__ float qdq_lane(float x) {
+  constexpr int kBlock = K == Kind::kFp4E4m3 ? 16 : 32;
+  float amax = fabsf(x);
+  for (int o = kBlock / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  return qdq_value<K>(x, amax);
+}
+
 }  // namespace dsflash::kernels::qdq::detail
