@@ -51,6 +51,21 @@ Status copy_2d(const ExecCtx& ctx, void* dst, size_t dst_pitch, const void* src,
                size_t rows);
 Status fill_zero(const ExecCtx& ctx, void* p, size_t bytes);
 
+// A branch beside a stream: work issued on `ctx` (a stream of its own) after fork(main, b)
+// starts once everything issued on main before the fork has run; work issued on main after
+// join(main, b) starts once everything issued on b before the join has run. Independent chains
+// of small kernels then overlap instead of queueing; while main is captured the branch becomes
+// a parallel path of the graph (it must be joined before capture_end).
+struct Branch {
+  ExecCtx ctx;
+  void* forked = nullptr;  // cudaEvent_t, recorded on main at fork
+  void* joined = nullptr;  // cudaEvent_t, recorded on the branch at join
+};
+StatusOr<Branch> branch_create();
+void branch_destroy(Branch& b);  // waits for the branch's work first
+Status fork(const ExecCtx& main, const Branch& b);
+Status join(const ExecCtx& main, const Branch& b);
+
 // Page-locked host memory (copies from it are asynchronous and may be captured in a graph).
 StatusOr<void*> host_alloc_pinned(size_t bytes);
 void host_free_pinned(void* p);

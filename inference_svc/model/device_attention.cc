@@ -181,21 +181,25 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim, W = cfg_.window, pos0 = call.pos0;
   const kernels::DevScalar pos = call.pos();
   const size_t f = sizeof(float);
-  // Query.
   std::optional<Phase> proj(std::in_place, *this, ctx, "attention.q_kv_projections");
+  // Window rows (on a branch, beside the query): kv_norm(wkv x), RoPE, FP8 QDQ, at a decode
+  // step the ring row too; then the rows attention reads (window_kv).
+  ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * Dh));
+  DeviceLayerState& st = call.seq.layers[l];
+  const bool decode = pos0 > 0 && S == 1;
+  BranchScope window(ctx, call.branch(1));
+  RETURN_IF_ERROR(window.fork());
+  RETURN_IF_ERROR(dev_linear(window.ctx(), w.wkv, x, S, kv.get()));
+  RETURN_IF_ERROR(kernels::attn::kv_rows_cuda(window.ctx(), kv.get(), S, Dh, w.kv_norm, cfg_.norm_eps, rope, dims, pos,
+                                              decode ? st.ring.get() : nullptr, W));
+  // Query.
   ASSIGN_OR_RETURN(auto qr, DevBuf<float>::make(ctx, S * cfg_.q_lora_rank));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));
   RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
   ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * H * Dh));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_b, qr.get(), S, q.get()));
   RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, q.get(), S * H, Dh, pos, H));
-  // Window rows: kv_norm(wkv x), RoPE, FP8 QDQ; then the rows attention reads (window_kv).
-  ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * Dh));
-  RETURN_IF_ERROR(dev_linear(ctx, w.wkv, x, S, kv.get()));
-  DeviceLayerState& st = call.seq.layers[l];
-  const bool decode = pos0 > 0 && S == 1;  // the finish writes the ring row too
-  RETURN_IF_ERROR(kernels::attn::kv_rows_cuda(ctx, kv.get(), S, Dh, w.kv_norm, cfg_.norm_eps, rope, dims, pos,
-                                              decode ? st.ring.get() : nullptr, W));
+  if (!decode) RETURN_IF_ERROR(window.join());  // a decode step reads the rows first in sparse attention
   DevBuf<float> joined;  // a later prefill chunk: [ring before this call ; this call's rows]
   const float* kv_a = pos0 == 0 ? kv.get() : st.ring.get();
   if (pos0 > 0 && !decode) {
@@ -220,6 +224,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   }
   // Sparse attention with the sink, the inverse RoPE, the grouped output.
   ASSIGN_OR_RETURN(auto o, DevBuf<float>::make(ctx, S * H * Dh));
+  RETURN_IF_ERROR(window.join());
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
   RETURN_IF_ERROR(kernels::attn::sparse_attn_cuda(ctx, q.get(), S, static_cast<int>(H), Dh, kv_a, call.n_win, kv_b,
                                                   idx.get(), width, w.sinks, scale, o.get()));

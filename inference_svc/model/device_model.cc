@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <optional>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "inference_svc/model/engram_rows.h"
@@ -74,6 +76,7 @@ Status DevRows::reserve(const ExecCtx& ctx, int64_t capacity) {
 }
 
 DeviceSequence::~DeviceSequence() {
+  for (kernels::Branch& b : branches) kernels::branch_destroy(b);
   if (ctx.cuda_stream != nullptr) {
     (void)kernels::stream_sync(ctx);
     graphs.release();
@@ -195,6 +198,15 @@ StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::new_sequence() const {
   auto s = std::make_shared<DeviceSequence>();
   ASSIGN_OR_RETURN(void* stream, kernels::stream_create());
   s->ctx = ExecCtx{kernels::Backend::kCuda, stream};
+  static const bool branches = [] {
+    const char* e = std::getenv("DSF_BRANCHES");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  if (branches) {
+    for (kernels::Branch& b : s->branches) {
+      ASSIGN_OR_RETURN(b, kernels::branch_create());
+    }
+  }
   s->layers.resize(cfg_.n_layer);
   const int64_t Dh = cfg_.head_dim;
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
@@ -341,11 +353,22 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
   auto sublayer = [&](const Layer::Hc& hw, const float* norm, const float* in_pre, float* out_pre,
                       auto&& body) -> Status {
     std::optional<Phase> hc_phase(std::in_place, *this, ctx, "hc_pre_norm");
-    RETURN_IF_ERROR(kernels::hc::sublayer_in_cuda(ctx, h, hw.fn, hw.scale, hw.base, C, D, S, cfg_.norm_eps,
-                                                  static_cast<int>(cfg_.hc_sinkhorn_iters), cfg_.hc_eps, in_pre, norm,
-                                                  out_pre, post.get(), comb.get(), x.get()));
+    const int iters = static_cast<int>(cfg_.hc_sinkhorn_iters);
+    BranchScope split(ctx, call.branch(0));
+    if (split.on()) {
+      // The split feeds only this sub-layer's post and the next one's pre: beside the norm and
+      // the body (its serial Sinkhorn passes are the longest kernel of a sub-layer's entry).
+      RETURN_IF_ERROR(split.fork());
+      RETURN_IF_ERROR(kernels::hc::mixes_split_cuda(split.ctx(), h, hw.fn, hw.scale, hw.base, C, D, S, cfg_.norm_eps,
+                                                    iters, cfg_.hc_eps, out_pre, post.get(), comb.get()));
+      RETURN_IF_ERROR(kernels::hc::pre_norm_cuda(ctx, h, in_pre, C, D, S, norm, cfg_.norm_eps, x.get()));
+    } else {
+      RETURN_IF_ERROR(kernels::hc::sublayer_in_cuda(ctx, h, hw.fn, hw.scale, hw.base, C, D, S, cfg_.norm_eps, iters,
+                                                    cfg_.hc_eps, in_pre, norm, out_pre, post.get(), comb.get(), x.get()));
+    }
     hc_phase.reset();
     RETURN_IF_ERROR(body());
+    RETURN_IF_ERROR(split.join());
     Phase post_phase(*this, ctx, "hc_post");
     RETURN_IF_ERROR(kernels::hc::post_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, h_alt));
     std::swap(h, h_alt);

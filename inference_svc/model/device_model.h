@@ -129,11 +129,47 @@ struct DecodeGraphs {
 struct DeviceSequence {
   ~DeviceSequence();
   kernels::ExecCtx ctx;  // the sequence's own stream
+  // Branches beside it (BranchScope): 0 for a sub-layer's hc split, 1 for work inside the
+  // sub-layer's body. Not made with DSF_BRANCHES=0 (measurement: everything on ctx).
+  kernels::Branch branches[2];
   std::unique_ptr<kernels::sample::DeviceSampler> sampler;  // made by the first device draw
   std::vector<DeviceLayerState> layers;
   DecodeGraphs graphs;
   uint8_t* engram_stage = nullptr;  // pinned: Engram rows on their way to the device
   uint64_t engram_stage_bytes = 0;
+};
+
+// A branch of a call's stream open for one scope: work issued on ctx() after fork() may run
+// beside what the call's stream runs next, until join(). Without a branch (none made, or a
+// streamed step captured as segments, whose segments end inside moe()) ctx() is the call's
+// stream and fork/join do nothing. An early return joins in the destructor, so nothing the
+// branch writes is freed on the call's stream before the branch has run.
+class BranchScope {
+ public:
+  BranchScope(const kernels::ExecCtx& main, const kernels::Branch* b) : main_(main), b_(b) {}
+  BranchScope(const BranchScope&) = delete;
+  BranchScope& operator=(const BranchScope&) = delete;
+  ~BranchScope() {
+    if (open_) (void)kernels::join(main_, *b_);
+  }
+  bool on() const { return b_ != nullptr; }
+  const kernels::ExecCtx& ctx() const { return b_ != nullptr ? b_->ctx : main_; }
+  Status fork() {
+    if (b_ == nullptr) return absl::OkStatus();
+    RETURN_IF_ERROR(kernels::fork(main_, *b_));
+    open_ = true;
+    return absl::OkStatus();
+  }
+  Status join() {
+    if (!open_) return absl::OkStatus();
+    open_ = false;
+    return kernels::join(main_, *b_);
+  }
+
+ private:
+  const kernels::ExecCtx& main_;
+  const kernels::Branch* b_;
+  bool open_ = false;
 };
 
 // What a forward hands back: the logits (every position's when all_logits, else the last's)
@@ -247,11 +283,16 @@ class DeviceModel {
   };
   bool experts_have_decode_gemvs(const ExpertTable& t) const;
   ExpertTable resident_table(const Layer& w, const int32_t* ids) const;  // ids: expert numbers
+  // `shared`: the shared expert's output on the branch `side` (joined before it is read), or
+  // null: run here.
   Status decode_experts(int l, Call& call, const float* x, const ExpertTable& t, const int32_t* experts,
-                        const float* weights, float* y) const;
+                        const float* weights, float* y, BranchScope* side = nullptr,
+                        const float* shared = nullptr) const;
   // Layer l+1's router on layer l's MoE input, its picks copied to `host` (with the next sync).
   Status predict_next_layer(int l, Call& call, const float* x, int32_t* host) const;
-  StatusOr<DevBuf<float>> shared_expert(const Layer& w, const config::LayerConfig& L, Call& call, const float* x) const;
+  // The shared expert of S tokens x into out ([S][n_embd]), on ctx's stream.
+  Status shared_expert(const Layer& w, const config::LayerConfig& L, const kernels::ExecCtx& ctx, int64_t S,
+                       const float* x, float* out) const;
   Status engram(int l, Call& call, float* h) const;
   Status head(Call& call, const float* h, const float* pre_mix, bool all_logits, float* out) const;
 
@@ -327,6 +368,10 @@ struct DeviceModel::Call {
   // Keys visible to the call's last token (a capture: room for any position below cap).
   int64_t n_keys(int r) const { return cap > 0 ? cap / r : (pos0 + S) / r; }
   const int64_t* slot(int i) const { return step != nullptr ? step + i : nullptr; }
+  // The sequence's branch i for a BranchScope, or null (none made; a segmented capture).
+  const kernels::Branch* branch(int i) const {
+    return segmenting == nullptr && seq.branches[i].ctx.cuda_stream != nullptr ? &seq.branches[i] : nullptr;
+  }
   DevBuf<int32_t> topk;   // [S][topk_width], already + n_win, or -1
   int64_t topk_width = 0;
   DevBuf<uint8_t> cand;   // [S][cand_width]

@@ -75,13 +75,22 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   const Layer& w = layers_[l];
   const ExecCtx& ctx = call.ctx;
   const int64_t E = cfg_.n_expert, K = cfg_.n_expert_used, S = call.S;
+  const bool x_aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const bool resident_decode = call.segmenting == nullptr && S == 1 && w.routed_on_device && x_aligned;
+  // A resident decode token's shared expert runs beside its routing and routed experts.
+  BranchScope side(ctx, resident_decode ? call.branch(1) : nullptr);
+  DevBuf<float> shared;
+  if (side.on()) {
+    ASSIGN_OR_RETURN(shared, DevBuf<float>::make(ctx, cfg_.n_embd));  // freed on ctx, after the join
+    RETURN_IF_ERROR(side.fork());
+    RETURN_IF_ERROR(shared_expert(w, cfg_.layers[l], side.ctx(), 1, x, shared.get()));
+  }
   ASSIGN_OR_RETURN(auto logits, DevBuf<float>::make(ctx, S * E));
   RETURN_IF_ERROR(dev_linear(ctx, w.gate_inp, x, S, logits.get(), kernels::OutRound::kF32));
   ASSIGN_OR_RETURN(auto experts, DevBuf<int32_t>::make(ctx, S * K));
   ASSIGN_OR_RETURN(auto weights, DevBuf<float>::make(ctx, S * K));
   RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
                                            experts.get(), weights.get()));
-  const bool x_aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0;
   if (call.segmenting != nullptr) {
     // A streamed decode step being captured: the segment ends with the routing copied to the
     // host; the next starts by copying the slots the host acquired (device_graph.cc).
@@ -102,8 +111,9 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
     t.ids = slots_d.get();
     return decode_experts(l, call, x, t, experts.get(), weights.get(), y);
   }
-  if (S == 1 && w.routed_on_device && x_aligned) {
-    return decode_experts(l, call, x, resident_table(w, experts.get()), experts.get(), weights.get(), y);
+  if (resident_decode) {
+    return decode_experts(l, call, x, resident_table(w, experts.get()), experts.get(), weights.get(), y, &side,
+                          side.on() ? shared.get() : nullptr);
   }
   std::vector<int32_t> e_h(static_cast<size_t>(S * K)), next_h;
   std::vector<float> w_h(static_cast<size_t>(S * K));
@@ -274,7 +284,8 @@ Status DeviceModel::grouped_experts(int l, Call& call, const float* x, const std
     RETURN_IF_ERROR(dev_linear(ctx, ew.down, a.get() + r0 * F, n, ye.get() + r0 * D));
     r0 += n;
   }
-  ASSIGN_OR_RETURN(const DevBuf<float> shared, shared_expert(w, L, call, x));
+  ASSIGN_OR_RETURN(const DevBuf<float> shared, DevBuf<float>::make(ctx, S * D));
+  RETURN_IF_ERROR(shared_expert(w, L, ctx, S, x, shared.get()));
   return kernels::moe::combine_cuda(ctx, ye.get(), rows_d.get(), shared.get(), S, K, D, y);
 }
 
@@ -300,7 +311,7 @@ bool DeviceModel::experts_have_decode_gemvs(const ExpertTable& t) const {
 // A decode token's K routed experts: gate, up and down each in one launch, rows in route order,
 // summed per token in ascending expert order with the shared expert's output.
 Status DeviceModel::decode_experts(int l, Call& call, const float* x, const ExpertTable& t, const int32_t* experts,
-                                   const float* weights, float* y) const {
+                                   const float* weights, float* y, BranchScope* side, const float* shared) const {
   const Layer& w = layers_[l];
   const config::LayerConfig& L = cfg_.layers[l];
   const ExecCtx& ctx = call.ctx;
@@ -324,16 +335,21 @@ Status DeviceModel::decode_experts(int l, Call& call, const float* x, const Expe
     RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
     RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.down, t.down_stride, t.ids, n, a.get(), F, ye.get(), D));
   }
-  ASSIGN_OR_RETURN(const DevBuf<float> shared, shared_expert(w, L, call, x));
-  return kernels::moe::combine_routed_cuda(ctx, ye.get(), experts, shared.get(), 1, K, D, y);
+  DevBuf<float> own;
+  if (shared == nullptr) {
+    ASSIGN_OR_RETURN(own, DevBuf<float>::make(ctx, D));
+    RETURN_IF_ERROR(shared_expert(w, L, ctx, 1, x, own.get()));
+    shared = own.get();
+  } else {
+    RETURN_IF_ERROR(side->join());
+  }
+  return kernels::moe::combine_routed_cuda(ctx, ye.get(), experts, shared, 1, K, D, y);
 }
 
 // The shared expert on every token.
-StatusOr<DevBuf<float>> DeviceModel::shared_expert(const Layer& w, const config::LayerConfig& L, Call& call,
-                                                   const float* x) const {
-  const ExecCtx& ctx = call.ctx;
-  const int64_t D = cfg_.n_embd, S = call.S, Fs = w.sh_gate.rows;
-  ASSIGN_OR_RETURN(auto shared, DevBuf<float>::make(ctx, S * D));
+Status DeviceModel::shared_expert(const Layer& w, const config::LayerConfig& L, const ExecCtx& ctx, int64_t S,
+                                 const float* x, float* out) const {
+  const int64_t Fs = w.sh_gate.rows;
   ASSIGN_OR_RETURN(auto sa, DevBuf<float>::make(ctx, S * Fs));
   ASSIGN_OR_RETURN(auto sb, DevBuf<float>::make(ctx, S * Fs));
   if (S == 1) {
@@ -344,8 +360,7 @@ StatusOr<DevBuf<float>> DeviceModel::shared_expert(const Layer& w, const config:
     RETURN_IF_ERROR(dev_linear(ctx, w.sh_up, x, S, sb.get()));
   }
   RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, sa.get(), sb.get(), S, Fs, L.swiglu_limit_shexp, nullptr));
-  RETURN_IF_ERROR(dev_linear(ctx, w.sh_down, sa.get(), S, shared.get()));
-  return shared;
+  return dev_linear(ctx, w.sh_down, sa.get(), S, out);
 }
 
 }  // namespace dsflash::model

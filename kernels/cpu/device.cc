@@ -15,6 +15,10 @@ void device_free(const ExecCtx&, void*) {}
 Status copy(const ExecCtx&, Copy, void*, const void*, size_t) { return no_cuda(); }
 Status copy_2d(const ExecCtx&, void*, size_t, const void*, size_t, size_t, size_t) { return no_cuda(); }
 Status fill_zero(const ExecCtx&, void*, size_t) { return no_cuda(); }
+StatusOr<Branch> branch_create() { return no_cuda(); }
+void branch_destroy(Branch&) {}
+Status fork(const ExecCtx&, const Branch&) { return no_cuda(); }
+Status join(const ExecCtx&, const Branch&) { return no_cuda(); }
 StatusOr<void*> host_alloc_pinned(size_t) { return no_cuda(); }
 void host_free_pinned(void*) {}
 Status capture_begin(const ExecCtx&) { return no_cuda(); }

@@ -111,6 +111,45 @@ Status fill_zero(const ExecCtx& ctx, void* p, size_t bytes) {
   return absl::OkStatus();
 }
 
+StatusOr<Branch> branch_create() {
+  Branch b;
+  ASSIGN_OR_RETURN(b.ctx.cuda_stream, stream_create());
+  b.ctx.backend = Backend::kCuda;
+  for (void** e : {&b.forked, &b.joined}) {
+    cudaEvent_t ev = nullptr;
+    const cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (err != cudaSuccess) {
+      branch_destroy(b);
+      CUDA_RETURN_IF_ERROR(err);
+    }
+    *e = ev;
+  }
+  return b;
+}
+
+void branch_destroy(Branch& b) {
+  if (b.ctx.cuda_stream != nullptr) {
+    cudaStreamSynchronize(stream_of(b.ctx));
+    stream_destroy(b.ctx.cuda_stream);
+  }
+  for (void* e : {b.forked, b.joined}) {
+    if (e != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  }
+  b = Branch{};
+}
+
+Status fork(const ExecCtx& main, const Branch& b) {
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(b.forked), stream_of(main)));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_of(b.ctx), static_cast<cudaEvent_t>(b.forked), 0));
+  return absl::OkStatus();
+}
+
+Status join(const ExecCtx& main, const Branch& b) {
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(b.joined), stream_of(b.ctx)));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_of(main), static_cast<cudaEvent_t>(b.joined), 0));
+  return absl::OkStatus();
+}
+
 StatusOr<void*> host_alloc_pinned(size_t bytes) {
   void* p = nullptr;
   const cudaError_t e = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
