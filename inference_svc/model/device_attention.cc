@@ -30,14 +30,13 @@ Status append_rows(DeviceModel::Call& call, DevRows& rows, int r, const float* s
 
 // Ratio 1: a bf16 projection per token. Ratio 2: fp32 projections, pairs pooled as the
 // sequence completes them (a partial pair waits in the sequence state). Normalised latents.
-StatusOr<DevBuf<float>> DeviceModel::compress(int l, Call& call, const float* x, int64_t* n_new) const {
+Status DeviceModel::compress(int l, Call& call, const ExecCtx& ctx, const float* x, float* latent,
+                             int64_t* n_new) const {
   const Layer& w = layers_[l];
-  const ExecCtx& ctx = call.ctx;
   const int r = cfg_.layers[l].compress_ratio;
   const int64_t Dh = cfg_.head_dim, S = call.S, pos0 = call.pos0;
-  ASSIGN_OR_RETURN(auto latent, DevBuf<float>::make(ctx, (S / r + 1) * Dh));
   if (r == 1) {
-    RETURN_IF_ERROR(dev_linear(ctx, w.comp_kv, x, S, latent.get()));
+    RETURN_IF_ERROR(dev_linear(ctx, w.comp_kv, x, S, latent));
     *n_new = S;
   } else {
     DeviceLayerState& st = call.seq.layers[l];
@@ -54,20 +53,20 @@ StatusOr<DevBuf<float>> DeviceModel::compress(int l, Call& call, const float* x,
     int64_t t = 0, n = 0;
     if (pos0 % 2 == 1) {  // the first token completes the pair waiting in the state (a graph's parity)
       RETURN_IF_ERROR(to_state(0, 1));
-      RETURN_IF_ERROR(kernels::attn::pool_cuda(ctx, st.kv_state.get(), st.score_state.get(), 1, 2, Dh, latent.get()));
+      RETURN_IF_ERROR(kernels::attn::pool_cuda(ctx, st.kv_state.get(), st.score_state.get(), 1, 2, Dh, latent));
       t = n = 1;
     }
     const int64_t pairs = (S - t) / 2;  // the rest start at an even position: pairs are adjacent rows
     RETURN_IF_ERROR(kernels::attn::pool_cuda(ctx, k.get() + t * Dh, s.get() + t * Dh, pairs, 2, Dh,
-                                             latent.get() + n * Dh));
+                                             latent + n * Dh));
     n += pairs;
     if ((S - t) % 2 == 1) RETURN_IF_ERROR(to_state(S - 1, 0));
     *n_new = n;
   }
   if (*n_new > 0) {
-    RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, latent.get(), w.comp_norm, *n_new, Dh, cfg_.norm_eps, latent.get()));
+    RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, latent, w.comp_norm, *n_new, Dh, cfg_.norm_eps, latent));
   }
-  return latent;
+  return absl::OkStatus();
 }
 
 // Index sources: this layer's query scores against its KV source's index keys (KV sources
@@ -117,32 +116,29 @@ Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr, 
   return kernels::attn::publish_topk_cuda(ctx, top.get(), S, k_sel, call.pos(), r, call.n_win, call.topk.get(), k_sel);
 }
 
-// Compressed part: sources compress, index sources select, new latents get RoPE at their
-// group's first position and FP4 QDQ before joining the cache; kv_b = the KV source's cache.
-Status DeviceModel::compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const {
+// Compressed part (a KV source's new latents made by compress): index sources select, new
+// latents get RoPE at their group's first position and FP4 QDQ before joining the cache;
+// kv_b = the KV source's cache.
+Status DeviceModel::compressed_kv(int l, Call& call, const float* x, const float* qr, float* latent, int64_t n_new,
+                                  const float*& kv_b) const {
   const config::LayerConfig& L = cfg_.layers[l];
   const ExecCtx& ctx = call.ctx;
   const int r = L.compress_ratio;
   const int64_t Dh = cfg_.head_dim, compress_len = call.n_keys(r);
-  DevBuf<float> latent;
-  int64_t n_new = 0;
-  if (L.is_kv_source) {
-    ASSIGN_OR_RETURN(latent, compress(l, call, x, &n_new));
-  }
   if (L.is_index_source) {
     Phase phase(*this, ctx, "attention.indexer");
     if (compress_len == 0) {
       call.topk = DevBuf<int32_t>();
       call.topk_width = 0;
     } else {
-      RETURN_IF_ERROR(indexer(l, call, x, qr, latent.get(), n_new));
+      RETURN_IF_ERROR(indexer(l, call, x, qr, latent, n_new));
     }
   }
   if (n_new > 0) {
-    RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(cfg_.rope_dims), latent.get(), n_new, Dh,
+    RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(cfg_.rope_dims), latent, n_new, Dh,
                                               call.group_start(r), 1, false, r));
-    RETURN_IF_ERROR(kernels::qdq::fp4_e4m3_16_cuda(ctx, latent.get(), n_new * Dh));
-    RETURN_IF_ERROR(append_rows(call, call.seq.layers[l].comp_kv, r, latent.get(), n_new));
+    RETURN_IF_ERROR(kernels::qdq::fp4_e4m3_16_cuda(ctx, latent, n_new * Dh));
+    RETURN_IF_ERROR(append_rows(call, call.seq.layers[l].comp_kv, r, latent, n_new));
   }
   kv_b = call.seq.layers[L.kv_source].comp_kv.buf.get();
   return absl::OkStatus();
@@ -182,24 +178,31 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   const kernels::DevScalar pos = call.pos();
   const size_t f = sizeof(float);
   std::optional<Phase> proj(std::in_place, *this, ctx, "attention.q_kv_projections");
-  // Window rows (on a branch, beside the query): kv_norm(wkv x), RoPE, FP8 QDQ, at a decode
-  // step the ring row too; then the rows attention reads (window_kv).
+  // On a branch, beside the query: the window rows, kv_norm(wkv x), RoPE, FP8 QDQ (at a decode
+  // step the ring row too; then the rows attention reads, window_kv), and a KV source's new
+  // compressed latents.
   ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * Dh));
   DeviceLayerState& st = call.seq.layers[l];
   const bool decode = pos0 > 0 && S == 1;
-  BranchScope window(ctx, call.branch(1));
-  RETURN_IF_ERROR(window.fork());
-  RETURN_IF_ERROR(dev_linear(window.ctx(), w.wkv, x, S, kv.get()));
-  RETURN_IF_ERROR(kernels::attn::kv_rows_cuda(window.ctx(), kv.get(), S, Dh, w.kv_norm, cfg_.norm_eps, rope, dims, pos,
+  const bool kv_source = L.compress_ratio > 0 && L.is_kv_source;
+  DevBuf<float> latent;
+  int64_t n_new = 0;
+  if (kv_source) {
+    ASSIGN_OR_RETURN(latent, DevBuf<float>::make(ctx, (S / L.compress_ratio + 1) * Dh));
+  }
+  BranchScope side(ctx, call.branch(1));
+  RETURN_IF_ERROR(side.fork());
+  RETURN_IF_ERROR(dev_linear(side.ctx(), w.wkv, x, S, kv.get()));
+  RETURN_IF_ERROR(kernels::attn::kv_rows_cuda(side.ctx(), kv.get(), S, Dh, w.kv_norm, cfg_.norm_eps, rope, dims, pos,
                                               decode ? st.ring.get() : nullptr, W));
+  if (kv_source) RETURN_IF_ERROR(compress(l, call, side.ctx(), x, latent.get(), &n_new));
   // Query.
   ASSIGN_OR_RETURN(auto qr, DevBuf<float>::make(ctx, S * cfg_.q_lora_rank));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));
   RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
   ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * H * Dh));
-  RETURN_IF_ERROR(dev_linear(ctx, w.wq_b, qr.get(), S, q.get()));
-  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, q.get(), S * H, Dh, pos, H));
-  if (!decode) RETURN_IF_ERROR(window.join());  // a decode step reads the rows first in sparse attention
+  RETURN_IF_ERROR(dev_linear(ctx, w.wq_b, qr.get(), S, q.get()));  // its RoPE is fused into sparse attention
+  RETURN_IF_ERROR(side.join());
   DevBuf<float> joined;  // a later prefill chunk: [ring before this call ; this call's rows]
   const float* kv_a = pos0 == 0 ? kv.get() : st.ring.get();
   if (pos0 > 0 && !decode) {
@@ -211,7 +214,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   if (!decode) RETURN_IF_ERROR(kernels::attn::ring_write_cuda(ctx, kv.get(), pos, S, W, Dh, st.ring.get()));
   proj.reset();
   const float* kv_b = nullptr;
-  if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), kv_b));
+  if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), latent.get(), n_new, kv_b));
   Phase sparse(*this, ctx, "attention.sparse_and_output");
   // Index lists: [window ; published top-k].
   const int64_t ww = pos0 == 0 ? std::min(S, W) : W;
@@ -222,13 +225,13 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
     RETURN_IF_ERROR(kernels::copy_2d(ctx, idx.get() + ww, width * sizeof(int32_t), call.topk.get(), tw * sizeof(int32_t),
                                      tw * sizeof(int32_t), S));
   }
-  // Sparse attention with the sink, the inverse RoPE, the grouped output.
+  // Sparse attention with the sink (q's RoPE and the output's inverse RoPE in the same
+  // kernel), the grouped output.
   ASSIGN_OR_RETURN(auto o, DevBuf<float>::make(ctx, S * H * Dh));
-  RETURN_IF_ERROR(window.join());
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
+  const kernels::attn::AttnRope q_rope{rope, dims, pos};
   RETURN_IF_ERROR(kernels::attn::sparse_attn_cuda(ctx, q.get(), S, static_cast<int>(H), Dh, kv_a, call.n_win, kv_b,
-                                                  idx.get(), width, w.sinks, scale, o.get()));
-  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope, dims, o.get(), S * H, Dh, pos, H, true));
+                                                  idx.get(), width, w.sinks, scale, o.get(), &q_rope));
   return grouped_output(l, call, o.get(), y);
 }
 

@@ -265,8 +265,11 @@ class DeviceModel {
                            uint8_t* dev) const;
   Status block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre) const;
   Status attention(int l, Call& call, const float* x, float* y) const;
-  Status compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const;
-  StatusOr<DevBuf<float>> compress(int l, Call& call, const float* x, int64_t* n_new) const;
+  // A KV source's new latents (n_new of them) into `latent` ([S / ratio + 1][head_dim]), on
+  // ctx's stream; then compressed_kv indexes and caches them.
+  Status compress(int l, Call& call, const kernels::ExecCtx& ctx, const float* x, float* latent, int64_t* n_new) const;
+  Status compressed_kv(int l, Call& call, const float* x, const float* qr, float* latent, int64_t n_new,
+                       const float*& kv_b) const;
   Status indexer(int l, Call& call, const float* x, const float* qr, const float* latent, int64_t n_new) const;
   Status grouped_output(int l, Call& call, const float* o, float* y) const;
   Status moe(int l, Call& call, const float* x, float* y) const;

@@ -22,9 +22,25 @@ constexpr int kAttnThreads = 512;
 // and folds it into the accumulator. The loops over a row's dims and over a chunk's entries are
 // unrolled so that their loads are in flight together (the sums keep their order): at decode
 // the kernel is bound by load latency, 64 CTAs for a GPU's worth of SMs.
+// The fused RoPE (AttnRope) of row t's tail in shared memory, as rope_kernel rotates it.
+struct RopeArgs {
+  const float* freqs;  // null: none
+  int half;
+  int64_t pos0_value;
+  const int64_t* pos0_dev;
+  __device__ __forceinline__ void rotate(float* row, int64_t Dh, int64_t t, bool inverse) const {
+    if (freqs == nullptr) return;
+    __syncthreads();
+    const float at = static_cast<float>(cuda::scalar_value(pos0_value, pos0_dev) + t);
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+      rope::detail::rotate_pair(row + Dh - 2 * half, i, at * freqs[i], inverse);
+    }
+  }
+};
+
 __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv_a,
                                    int64_t n_a, const float* __restrict__ kv_b, const int32_t* __restrict__ idx, int64_t width, const float* __restrict__ sink,
-                                   float scale, float* __restrict__ o) {
+                                   float scale, const RopeArgs rope, float* __restrict__ o) {
   cuda::await_inputs();
   extern __shared__ float smem[];
   float* qh = smem;       // [Dh]
@@ -43,6 +59,7 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
     s_m = -1e30f;
     s_L = 0.0f;
   }
+  rope.rotate(qh, Dh, t, false);
   __syncthreads();
   for (int64_t c0 = 0; c0 < width; c0 += kChunk) {
     const int cn = static_cast<int>(min(static_cast<int64_t>(kChunk), width - c0));
@@ -93,7 +110,14 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
   }
   const float L = __fadd_rn(s_L, expf(sink[h] - s_m));
   float* out = o + (t * H + h) * Dh;
-  for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) out[d] = round_bf16(__fdiv_rn(acc[d], L));
+  if (rope.freqs == nullptr) {
+    for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) out[d] = round_bf16(__fdiv_rn(acc[d], L));
+    return;
+  }
+  for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) acc[d] = round_bf16(__fdiv_rn(acc[d], L));
+  rope.rotate(acc, Dh, t, true);
+  __syncthreads();
+  for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) out[d] = acc[d];
 }
 
 __global__ void pool_kernel(const float* __restrict__ k, const float* __restrict__ s, int64_t groups, int r,
@@ -316,14 +340,21 @@ cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
 
 Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a,
                         int64_t n_a, const float* kv_b, const int32_t* idx, int64_t width, const float* sink,
-                        float scale, float* o) {
+                        float scale, float* o, const AttnRope* rope) {
   if (S <= 0 || H <= 0) return absl::OkStatus();
   if (Dh <= 0 || Dh > 4096) return absl::InvalidArgumentError(absl::StrCat("sparse_attn_cuda: head dim ", Dh));
+  RopeArgs ra{nullptr, 0, 0, nullptr};
+  if (rope != nullptr) {
+    if (rope->freqs == nullptr || rope->dims <= 0 || rope->dims % 2 != 0 || rope->dims > Dh) {
+      return absl::InvalidArgumentError("sparse_attn_cuda: RoPE dims must be even, positive and <= the head dim");
+    }
+    ra = RopeArgs{rope->freqs, rope->dims / 2, rope->pos0.value, rope->pos0.dev};
+  }
   const size_t smem = 2 * static_cast<size_t>(Dh) * sizeof(float);
   return cuda::launch(sparse_attn_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(H), static_cast<unsigned>(S)), dim3(kAttnThreads),
                                          smem, stream_of(ctx)},
-                      q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o);
+                      q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, ra, o);
 }
 
 Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t groups, int r, int64_t n, float* latent) {

@@ -16,13 +16,23 @@
 
 namespace dsflash::kernels::attn {
 
+// RoPE fused into sparse attention (rope::apply_cuda's rotation of a row's last `dims` values at
+// position pos0 + t for query row t): the query rows are rotated as they are read, the output
+// rows rotated back (inverse) before they are written.
+struct AttnRope {
+  const float* freqs = nullptr;  // [dims / 2]
+  int dims = 0;
+  DevScalar pos0;
+};
+
 // o[S][H][Dh] = sparse_attn of each query row q[t] over the rows idx[t][*] (width entries,
 // -1 = none) of [kv_a (n_a rows) ; kv_b]: index j < n_a reads kv_a[j], else kv_b[j - n_a] (the
 // window rows and the compressed cache, without joining them). The sink sink[H] is in every
-// denominator. Dh <= 4096.
+// denominator. Dh <= 4096. With `rope`, q's rows are used rotated (q itself is not written)
+// and o's rows are rotated back: the same values as rope, attention, inverse rope.
 Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a,
                         int64_t n_a, const float* kv_b, const int32_t* idx, int64_t width, const float* sink,
-                        float scale, float* o);
+                        float scale, float* o, const AttnRope* rope = nullptr);
 
 // latent[g][n] = pool_group of k[g], s[g] ([r][n] each) for `groups` groups.
 Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t groups, int r, int64_t n, float* latent);

@@ -16,7 +16,7 @@ Status rms_norm_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_
 
 namespace attn {
 Status sparse_attn_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, const float*, int64_t, const float*,
-                        const int32_t*, int64_t, const float*, float, float*) {
+                        const int32_t*, int64_t, const float*, float, float*, const AttnRope*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status pool_cuda(const ExecCtx&, const float*, const float*, int64_t, int, int64_t, float*) {

@@ -160,6 +160,55 @@ TEST_F(ModelOpsCuda, FusedWindowRowsEqualTheOps) {
   EXPECT_EQ(attn::kv_rows_cuda(ctx(), d, 2, 32, d, 1e-6f, d, 16, 0, d, 1).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Sparse attention with its RoPE fused (AttnRope) equals RoPE of q, sparse attention and the
+// inverse RoPE of o as separate launches bit for bit (heads of 64 and 512 values, 1 and 3
+// query rows, position from the host and from device memory); q is left as it was. Bad RoPE
+// dims are refused.
+TEST_F(ModelOpsCuda, FusedRopeAttentionEqualsTheOps) {
+  std::mt19937 rng(31);
+  const int dims = 64;
+  std::vector<float> freqs(dims / 2);
+  for (int i = 0; i < dims / 2; ++i) freqs[i] = std::pow(10000.0f, -2.0f * i / dims);
+  const float* df = dev(freqs);
+  for (const int64_t Dh : {64, 512}) {
+    for (const int64_t S : {1, 3}) {
+      const int H = 4;
+      const int64_t n_rows = 70, width = 50, pos0 = 1000;
+      const std::vector<float> q = bf16_normal(rng, S * H * Dh, 0.3f), kv = bf16_normal(rng, n_rows * Dh);
+      const std::vector<float> sink = bf16_normal(rng, H);
+      std::vector<int32_t> idx(static_cast<size_t>(S * width));
+      for (int32_t& j : idx) j = rng() % 9 == 0 ? -1 : static_cast<int32_t>(rng() % n_rows);
+      const int64_t* dpos = dev(std::vector<int64_t>{pos0});
+      const kernels::DevScalar pos = S == 1 ? kernels::DevScalar(0, dpos) : kernels::DevScalar(pos0);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+      const float *d_kv = dev(kv), *d_sink = dev(sink);
+      const int32_t* d_idx = dev(idx);
+      float *qa = dev(q), *qb = dev(q), *oa = dev(nan_vec(q.size())), *ob = dev(nan_vec(q.size()));
+      ASSERT_TRUE(rope::apply_cuda(ctx(), df, dims, qa, S * H, Dh, pos, H).ok());
+      ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), qa, S, H, Dh, d_kv, 30, d_kv + 30 * Dh, d_idx, width, d_sink, scale, oa).ok());
+      ASSERT_TRUE(rope::apply_cuda(ctx(), df, dims, oa, S * H, Dh, pos, H, true).ok());
+      const attn::AttnRope fused{df, dims, pos};
+      ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), qb, S, H, Dh, d_kv, 30, d_kv + 30 * Dh, d_idx, width, d_sink, scale, ob,
+                                         &fused)
+                      .ok());
+      sync();
+      const std::vector<float> want = to_host(oa, q.size()), got = to_host(ob, q.size()), q_after = to_host(qb, q.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(quant::f32_bits(got[i]), quant::f32_bits(want[i])) << "Dh=" << Dh << " S=" << S << " [" << i << "]";
+        ASSERT_EQ(quant::f32_bits(q_after[i]), quant::f32_bits(q[i])) << "q written [" << i << "]";
+      }
+    }
+  }
+  const std::vector<float> one(64, 1.0f);
+  const std::vector<int32_t> zero(1, 0);
+  float* d = dev(one);
+  const attn::AttnRope odd{df, 15, 0}, wide{df, 96, 0};
+  EXPECT_EQ(attn::sparse_attn_cuda(ctx(), d, 1, 1, 64, d, 1, d, dev(zero), 1, d, 1.0f, d, &odd).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(attn::sparse_attn_cuda(ctx(), d, 1, 1, 64, d, 1, d, dev(zero), 1, d, 1.0f, d, &wide).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ModelOpsCuda, PoolAndIndexScoresMatchCpu) {
   std::mt19937 rng(2);
   Agreement pool, scores;
