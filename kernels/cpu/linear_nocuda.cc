@@ -36,6 +36,5 @@ Status linear_experts_gate_up_cuda(const ExecCtx&, const Weight&, int64_t, const
 Status linear_batch_mma_cuda(const ExecCtx&, const LinearJob*, int, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-void set_gemv_presplit(int) {}
 
 }  // namespace dsflash::kernels

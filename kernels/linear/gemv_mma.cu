@@ -17,7 +17,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <mutex>
 #include <string_view>
@@ -55,131 +54,80 @@ struct XDigits {
   __device__ __forceinline__ uint32_t* mins_slot(int64_t blk, int w) const {
     return reinterpret_cast<uint32_t*>(q + (blk * kDigits + (w >> 3)) * kQRow + 256) + (w & 7);
   }
-  // The layout of n_blocks blocks from `base` (16-byte aligned): the digit rows, the sums, the
-  // scales. A CTA's shared memory, or a pre-split image in global memory (presplit_kernel).
-  __host__ __device__ static int64_t sums_offset(int64_t n_blocks) { return n_blocks * kDigits * kQRow; }
-  __host__ __device__ static int64_t scale_offset(int64_t n_blocks) { return n_blocks * kDigits * (kQRow + 16 * 4); }
-  __device__ __forceinline__ static XDigits at(uint8_t* base, int64_t n_blocks) {
-    return XDigits{reinterpret_cast<int8_t*>(base), reinterpret_cast<int32_t*>(base + sums_offset(n_blocks)),
-                   reinterpret_cast<float*>(base + scale_offset(n_blocks))};
-  }
 };
 
-template <int kSub>
-constexpr int kMinsWords = kSub == 32 ? 16 : 32;  // words of a block's mins operand
-
-// Word w of block blk's B operand for the mins' mma (Block::add), from the digits' 16-column
+// The B operand of the mins' mma (Block::add) for every block, from the digits' 16-column
 // sums. kSub: the type's sub-block columns (32: Q4_K, 8 sub-blocks; 16: Q2_K and Q3_K, 16).
 // Lane (g, t) of the mma supplies k = 4t .. 4t + 3 of column g: word 2g + t (t < 2, kSub 32) or
 // 4g + t (kSub 16) holds, for the sub-blocks s = 4t .. 4t + 3, byte by byte the low (g < 4) or
 // high (g >= 4) radix-128 digit of digit g % 4's sum over sub-block s (|sum| <= 2048: low in
 // [-64, 63], high in [-16, 16]).
 template <int kSub>
-__device__ __forceinline__ void mins_word(const XDigits& d, int64_t blk, int w) {
-  constexpr int kT = kSub == 32 ? 2 : 4;
-  const int g = w / kT, t = w % kT;
-  int sums[4];
-  if constexpr (kSub == 32) {
-    const int4* s16 = reinterpret_cast<const int4*>(d.sums(blk, g & 3)) + 2 * t;
-    const int4 a = s16[0], b = s16[1];
-    sums[0] = a.x + a.y, sums[1] = a.z + a.w, sums[2] = b.x + b.y, sums[3] = b.z + b.w;
-  } else {
-    const int4 a = reinterpret_cast<const int4*>(d.sums(blk, g & 3))[t];
-    sums[0] = a.x, sums[1] = a.y, sums[2] = a.z, sums[3] = a.w;
-  }
-  uint32_t word = 0;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int lo = ((sums[k] + 64) & 127) - 64;
-    const int part = g < 4 ? lo : (sums[k] - lo) >> 7;
-    word |= (static_cast<uint32_t>(part) & 0xffu) << (8 * k);
-  }
-  *d.mins_slot(blk, w) = word;
-}
-
-// The mins' operand of every block (mins_word), the CTA in step after it.
-template <int kSub>
 __device__ __forceinline__ void mins_table(const XDigits& d, int64_t n_blocks) {
-  constexpr int kWords = kMinsWords<kSub>;
+  constexpr int kT = kSub == 32 ? 2 : 4, kWords = 8 * kT;
   for (int64_t i = threadIdx.x; i < n_blocks * kWords; i += blockDim.x) {
-    mins_word<kSub>(d, i / kWords, static_cast<int>(i % kWords));
+    const int64_t blk = i / kWords;
+    const int w = static_cast<int>(i % kWords), g = w / kT, t = w % kT;
+    int sums[4];
+    if constexpr (kSub == 32) {
+      const int4* s16 = reinterpret_cast<const int4*>(d.sums(blk, g & 3)) + 2 * t;
+      const int4 a = s16[0], b = s16[1];
+      sums[0] = a.x + a.y, sums[1] = a.z + a.w, sums[2] = b.x + b.y, sums[3] = b.z + b.w;
+    } else {
+      const int4 a = reinterpret_cast<const int4*>(d.sums(blk, g & 3))[t];
+      sums[0] = a.x, sums[1] = a.y, sums[2] = a.z, sums[3] = a.w;
+    }
+    uint32_t word = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int lo = ((sums[k] + 64) & 127) - 64;
+      const int part = g < 4 ? lo : (sums[k] - lo) >> 7;
+      word |= (static_cast<uint32_t>(part) & 0xffu) << (8 * k);
+    }
+    *d.mins_slot(blk, w) = word;
   }
   __syncthreads();
 }
 
-// One warp splits block blk of x (x_blk: its 256 values, 16-byte aligned) into d: lane l takes
-// columns 8l .. 8l + 7; lane 0 writes the scale.
-__device__ __forceinline__ void split_block(const float* x_blk, const XDigits& d, int64_t blk, int lane) {
-  const float4* x4 = reinterpret_cast<const float4*>(x_blk + 8 * lane);
-  const float4 u = x4[0], w = x4[1];
-  const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
-  // max |v| by the magnitudes' bits (ordered as the floats; a NaN or infinity is >= 0x7f800000).
-  unsigned mbits = 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) mbits = max(mbits, __float_as_uint(v[i]) & 0x7fffffffu);
-  for (int off = 16; off > 0; off >>= 1) mbits = max(mbits, __shfl_xor_sync(0xffffffffu, mbits, off));
-  // S = 2^(e - 5) puts max|x| / S in [32, 64): q0 within [-64, 64]. A NaN or infinity in the
-  // block makes S NaN, so every row's product is NaN.
-  const bool finite = mbits < 0x7f800000u;
-  const int e = finite ? digits::scale_exponent(__uint_as_float(mbits)) : 0;
-  const digits::Scale sc = digits::scale_of(e);
-  int nb[2][4];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) nb[i / 4][i % 4] = digits::biased(finite ? v[i] : 0.0f, sc);
-#pragma unroll
-  for (int j = 0; j < kDigits; ++j) {
-    const unsigned w0 = digits::pack_digit(nb[0], j), w1 = digits::pack_digit(nb[1], j);
-    *reinterpret_cast<uint2*>(d.q + (blk * kDigits + j) * kQRow + 8 * lane) = make_uint2(w0, w1);
-    const int sum = digits::sum_bytes(w0) + digits::sum_bytes(w1);
-    const int s = sum + __shfl_xor_sync(0xffffffffu, sum, 1);  // 16 columns: two lanes
-    if ((lane & 1) == 0) d.dsum16[(blk * kDigits + j) * 16 + lane / 2] = s;
-  }
-  if (lane == 0) d.scale[blk] = finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);
-}
-
-// Splits x ([n_blocks][256], 16-byte aligned) into the CTA's shared memory, one warp per block,
-// and returns where it lies once every warp has written it (and the mins' operand of
-// kSub-column sub-blocks, mins_table).
+// Splits x ([n_blocks][256], 16-byte aligned) into the CTA's shared memory, one warp per block
+// (lane l: columns 8l .. 8l + 7), and returns where it lies once every warp has written it
+// (and the mins' operand of kSub-column sub-blocks, mins_table).
 template <int kSub>
 __device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
   extern __shared__ __align__(16) uint8_t smem[];
-  const XDigits d = XDigits::at(smem, n_blocks);
+  const XDigits d{reinterpret_cast<int8_t*>(smem), reinterpret_cast<int32_t*>(smem + n_blocks * kDigits * kQRow),
+                  reinterpret_cast<float*>(smem + n_blocks * kDigits * (kQRow + 16 * 4))};
+  const int lane = threadIdx.x & 31;
   for (int64_t blk = threadIdx.x >> 5; blk < n_blocks; blk += blockDim.x >> 5) {
-    split_block(x + blk * 256, d, blk, threadIdx.x & 31);
+    const float4* x4 = reinterpret_cast<const float4*>(x + blk * 256 + 8 * lane);
+    const float4 u = x4[0], w = x4[1];
+    const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+    // max |v| by the magnitudes' bits (ordered as the floats; a NaN or infinity is >= 0x7f800000).
+    unsigned mbits = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) mbits = max(mbits, __float_as_uint(v[i]) & 0x7fffffffu);
+    for (int off = 16; off > 0; off >>= 1) mbits = max(mbits, __shfl_xor_sync(0xffffffffu, mbits, off));
+    // S = 2^(e - 5) puts max|x| / S in [32, 64): q0 within [-64, 64]. A NaN or infinity in the
+    // block makes S NaN, so every row's product is NaN.
+    const bool finite = mbits < 0x7f800000u;
+    const int e = finite ? digits::scale_exponent(__uint_as_float(mbits)) : 0;
+    const digits::Scale sc = digits::scale_of(e);
+    int nb[2][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) nb[i / 4][i % 4] = digits::biased(finite ? v[i] : 0.0f, sc);
+#pragma unroll
+    for (int j = 0; j < kDigits; ++j) {
+      const unsigned w0 = digits::pack_digit(nb[0], j), w1 = digits::pack_digit(nb[1], j);
+      *reinterpret_cast<uint2*>(d.q + (blk * kDigits + j) * kQRow + 8 * lane) = make_uint2(w0, w1);
+      const int sum = digits::sum_bytes(w0) + digits::sum_bytes(w1);
+      const int s = sum + __shfl_xor_sync(0xffffffffu, sum, 1);  // 16 columns: two lanes
+      if ((lane & 1) == 0) d.dsum16[(blk * kDigits + j) * 16 + lane / 2] = s;
+    }
+    if (lane == 0) d.scale[blk] = finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);
   }
   __syncthreads();
   mins_table<kSub>(d, n_blocks);
   return d;
-}
-
-// x pre-split (presplit_kernel: digit rows with the mins' operand in their padding, and the
-// scales) copied into the CTA's shared memory: what split_x leaves there but the sums, which
-// only the mins' operand reads.
-__device__ __forceinline__ XDigits load_x(const uint8_t* pre, int64_t n_blocks) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  const XDigits d = XDigits::at(smem, n_blocks);
-  const uint4* src = reinterpret_cast<const uint4*>(pre);
-  uint4* dst = reinterpret_cast<uint4*>(smem);
-  for (int64_t i = threadIdx.x; i < XDigits::sums_offset(n_blocks) / 16; i += blockDim.x) dst[i] = src[i];
-  const float* scale = reinterpret_cast<const float*>(pre + XDigits::scale_offset(n_blocks));
-  for (int64_t i = threadIdx.x; i < n_blocks; i += blockDim.x) d.scale[i] = scale[i];
-  __syncthreads();
-  return d;
-}
-
-// grid (ceil(n_blocks / 8), vectors), 8 warps: x + v x_stride split into the image
-// out + v out_stride (XDigits layout, n_blocks blocks), with its mins' operand for kSub.
-template <int kSub>
-__global__ void __launch_bounds__(256) presplit_kernel(const float* __restrict__ x, int64_t x_stride, int64_t n_blocks,
-                                                      uint8_t* __restrict__ out, int64_t out_stride) {
-  cuda::await_inputs();
-  const int lane = threadIdx.x & 31;
-  const int64_t blk = static_cast<int64_t>(blockIdx.x) * 8 + (threadIdx.x >> 5);
-  if (blk >= n_blocks) return;
-  const XDigits d = XDigits::at(out + blockIdx.y * out_stride, n_blocks);
-  split_block(x + blockIdx.y * x_stride + blk * 256, d, blk, lane);
-  __syncwarp();  // the sums the lanes wrote, before the mins' operand reads them
-  if (lane < kMinsWords<kSub>) mins_word<kSub>(d, blk, lane);
 }
 
 __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b) {
@@ -434,16 +382,13 @@ struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
-  const uint8_t* pre;  // x pre-split (presplit_kernel), product k's at pre + k pre_stride; null: split here
-  int64_t pre_stride;
 };
 
-// kPre: x pre-split (b.pre), else split here. Two kernels: one with both paths spilled.
-template <int kSlices, bool kPre>
+template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
-  const XDigits x = kPre ? load_x(b.pre + blockIdx.y * b.pre_stride, b.n_blocks) : split_x<32>(p.x, b.n_blocks);
+  const XDigits x = split_x<32>(p.x, b.n_blocks);
   mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
@@ -460,11 +405,9 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
-  const uint8_t* pre;  // as MmaBatch's, per x (product k < n)
-  int64_t pre_stride;
 };
 
-template <class Block, int kSlices, bool kPre>
+template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
@@ -474,7 +417,7 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  const XDigits x = kPre ? load_x(b.pre + k * b.pre_stride, b.n_blocks) : split_x<16>(p.x, b.n_blocks);
+  const XDigits x = split_x<16>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
@@ -492,35 +435,11 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
   return per_sm;
 }
 
-// The inputs of a launch: n_x vectors (x + i x_stride), 0 if they are not evenly spaced.
-struct XInputs {
-  const float* x;
-  int64_t x_stride;
-  int n_x;
-};
-
-// set_gemv_presplit's mode, from DSF_MMA_PRESPLIT at first use (default 1).
-std::atomic<int>& presplit_mode_var() {
-  static std::atomic<int> mode{static_cast<int>(env_int("DSF_MMA_PRESPLIT", 1))};
-  return mode;
-}
-int presplit_mode() { return presplit_mode_var().load(std::memory_order_relaxed); }
-
-// Whether x is split once before the launch (presplit_kernel, its image copied by each CTA)
-// rather than by every CTA: where ctas_per_x CTAs would split the same vector. A CTA's split
-// costs about what it multiplies (~270 warp instructions a block against ~235 for 16 rows of
-// Q4_K or Q2_K), its copy a few; the split's launch costs a few microseconds.
-bool presplit_pays(const XInputs& in, int64_t ctas_per_x) {
-  if (in.n_x <= 0 || presplit_mode() == 0) return false;
-  return presplit_mode() == 2 || ctas_per_x >= 8;
-}
-
 // The launch of K<kSlices> over n products of `rows`: as many tiles per CTA as still leave a
 // full wave of resident CTAs (more tiles share one digit split; fewer CTAs than a wave leave
-// memory bandwidth unused: wo_b at 2 tiles a CTA, 160 CTAs, took 8 % longer). x is split
-// first where that pays (presplit_pays), into stream-ordered scratch freed after the launch.
+// memory bandwidth unused: wo_b at 2 tiles a CTA, 160 CTAs, took 8 % longer).
 template <template <int> class K, int kSlices, typename Arg>
-Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg, const XInputs& in) {
+Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
   constexpr int kCtaWarps = cta_warps<kSlices>();
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;  // as mma_tiles
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
@@ -529,21 +448,10 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
   const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sm_count());
   arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, tiles * n / wave));
   const int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;
-  const cuda::LaunchParams lp{dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(n)), dim3(kCtaWarps * 32), smem,
-                              st};
-  if (!presplit_pays(in, ctas * n / std::max(1, in.n_x))) return cuda::launch(K<kSlices>::fn, lp, arg);
-  const int64_t bytes = (XDigits::scale_offset(n_blocks) + n_blocks * 4 + 15) / 16 * 16;  // one x's image
-  uint8_t* pre = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&pre), static_cast<size_t>(bytes * in.n_x), st));
-  arg.pre = pre;
-  arg.pre_stride = in.n_x > 1 ? bytes : 0;
-  const Status split = cuda::launch(
-      presplit_kernel<K<kSlices>::kSub>,
-      cuda::LaunchParams{dim3(static_cast<unsigned>((n_blocks + 7) / 8), static_cast<unsigned>(in.n_x)), dim3(256), 0, st},
-      in.x, in.x_stride, n_blocks, pre, bytes);
-  const Status run = split.ok() ? cuda::launch(K<kSlices>::fn_pre, lp, arg) : split;
-  (void)cudaFreeAsync(pre, st);
-  return run;
+  return cuda::launch(K<kSlices>::fn,
+                      cuda::LaunchParams{dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(n)),
+                                         dim3(kCtaWarps * 32), smem, st},
+                      arg);
 }
 
 // Warps per row group (each takes every s-th block of the group's rows; a CTA sums them): the
@@ -569,34 +477,27 @@ int slices_for(int64_t n_blocks, int64_t group_products) {
 }
 
 template <template <int> class K, typename Arg>
-Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg, const XInputs& in) {
+Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg) {
   switch (slices_for(n_blocks, (rows + 15) / 16 * n)) {
-    case 16: return launch_slices<K, 16>(rows, n_blocks, n, st, arg, in);
-    case 8: return launch_slices<K, 8>(rows, n_blocks, n, st, arg, in);
-    case 4: return launch_slices<K, 4>(rows, n_blocks, n, st, arg, in);
-    case 2: return launch_slices<K, 2>(rows, n_blocks, n, st, arg, in);
-    default: return launch_slices<K, 1>(rows, n_blocks, n, st, arg, in);
+    case 16: return launch_slices<K, 16>(rows, n_blocks, n, st, arg);
+    case 8: return launch_slices<K, 8>(rows, n_blocks, n, st, arg);
+    case 4: return launch_slices<K, 4>(rows, n_blocks, n, st, arg);
+    case 2: return launch_slices<K, 2>(rows, n_blocks, n, st, arg);
+    default: return launch_slices<K, 1>(rows, n_blocks, n, st, arg);
   }
 }
 
-// The kernels by slices, with the sub-block width their mins' operand is built for.
 template <int kSlices>
 struct Q4KMma {
-  static constexpr auto fn = q4k_mma_kernel<kSlices, false>;
-  static constexpr auto fn_pre = q4k_mma_kernel<kSlices, true>;
-  static constexpr int kSub = 32;
+  static constexpr auto fn = q4k_mma_kernel<kSlices>;
 };
 template <int kSlices>
 struct Q2KExpertsMma {
-  static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices, false>;
-  static constexpr auto fn_pre = experts_mma_kernel<Q2KBlock, kSlices, true>;
-  static constexpr int kSub = 16;
+  static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices>;
 };
 template <int kSlices>
 struct Q3KExpertsMma {
-  static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices, false>;
-  static constexpr auto fn_pre = experts_mma_kernel<Q3KBlock, kSlices, true>;
-  static constexpr int kSub = 16;
+  static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
 };
 
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 2 the tensor cores at every size,
@@ -626,20 +527,12 @@ Status check_blocks(int64_t n_blocks) {
 
 bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows, p[0].cols, n); }
 
-void set_gemv_presplit(int mode) { presplit_mode_var().store(mode, std::memory_order_relaxed); }
-
 Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
-  // The products' x evenly spaced (one x, or a batch's consecutive slices) can be split first.
-  const int64_t stride = n > 1 ? p[1].x - p[0].x : 0;
-  XInputs in{p[0].x, stride, stride == 0 ? 1 : n};
-  for (int i = 0; i < n; ++i) {
-    if (p[i].x != p[0].x + i * stride) in.n_x = 0;
-  }
-  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b, in);
+  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b);
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
@@ -652,12 +545,11 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1, nullptr, 0};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  const XInputs in{p.x, x_stride, x_stride == 0 ? 1 : n};
-  if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b, in);
-  return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b, in);
+  if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
+  return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }
 
 }  // namespace dsflash::kernels

@@ -56,12 +56,6 @@ bool linear_experts_q8_supported(const Weight& w, int64_t expert_bytes);
 // The large Q4_K decode GEMVs and Q2_K / Q3_K expert GEMVs run on the integer tensor cores (x
 // as four exact radix-128 digits, fp32 accuracy; linear/gemv_mma.cu); for measurement,
 // DSF_GEMV_MMA=0 keeps the fp32 kernels and DSF_GEMV_MMA=2 takes the tensor cores at every size.
-// Where a tensor-core GEMV splits x: 0 in every CTA, 2 once, by a launch of its own before
-// the GEMV (its CTAs copy the digits), 1 (the default; DSF_MMA_PRESPLIT at first use) once
-// where at least 8 CTAs would split the same x. The digits are the same either way; for tests
-// and measurement.
-void set_gemv_presplit(int mode);
-
 // As linear_batch_cuda on the integer tensor cores whatever the size (linear_batch_cuda takes
 // them for large products only): Q4_K, one token, aligned; else Unimplemented.
 Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round = OutRound::kBf16);

@@ -12,7 +12,6 @@
 #include "tests/kernels/cuda_test_util.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_cuda.h"
-#include "common/quant/numeric.h"
 
 namespace dsflash::kernels {
 namespace {
@@ -307,63 +306,6 @@ TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
       for (void* p : std::initializer_list<void*>{dw, dx, dy}) cudaFree(p);
     }
   }
-}
-
-// x split once by a launch of its own (set_gemv_presplit(2)) or by every CTA (0) gives the same
-// products bit for bit: Q4_K batches on one x and on consecutive slices (1, 5, 20 and 32
-// blocks), the experts' Q2_K / Q3_K on one x and on one x each.
-TEST_P(LinearCuda, TensorCoreGemvPresplitEqualsCtaSplit) {
-  const GgmlType type = GetParam();
-  if (type != GgmlType::kQ4_K && type != GgmlType::kQ2_K && type != GgmlType::kQ3_K) GTEST_SKIP() << "tensor-core types";
-  cudaStream_t s;
-  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-  const ExecCtx ctx{Backend::kCuda, s};
-  for (const int64_t K : {256, 1280, 5120, 8192}) {
-    if (type != GgmlType::kQ4_K && K > 5120) continue;  // the experts' inputs are narrower
-    for (const bool one_x : {true, false}) {
-      const int64_t N = 1031, E = 3;
-      const int n = 4;
-      const uint64_t rb = *quant::row_bytes(type, K);
-      std::mt19937 rng(307 + static_cast<int>(K) + one_x);
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::uniform_real_distribution<float> decade(-3.0f, 3.0f);
-      std::vector<float> wf(static_cast<size_t>(K * N * E)), x(static_cast<size_t>(K * n));
-      for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
-      for (float& v : x) v = quant::round_bf16(nd(rng) * std::pow(10.0f, decade(rng)));
-      std::vector<uint8_t> bytes(rb * N * E);
-      ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N * E).ok());
-      const std::vector<int32_t> ids = {2, 0, 2, 1};
-      uint8_t* dw = to_device(bytes);
-      float* dx = to_device(x);
-      int32_t* di = to_device(ids);
-      std::vector<float> got[2];
-      for (const int mode : {0, 2}) {
-        set_gemv_presplit(mode);
-        float* dy = to_device(std::vector<float>(N * n, std::nanf("")));
-        if (type == GgmlType::kQ4_K) {
-          std::vector<LinearJob> jobs;
-          for (int k = 0; k < n; ++k) {
-            jobs.push_back({Weight{type, K, N, dw + ids[k] * rb * N, rb}, dx + (one_x ? 0 : k * K), dy + k * N});
-          }
-          ASSERT_TRUE(linear_batch_mma_cuda(ctx, jobs.data(), n, OutRound::kF32).ok());
-        } else {
-          ASSERT_TRUE(linear_experts_mma_cuda(ctx, Weight{type, K, N, dw, rb}, static_cast<int64_t>(rb * N), di, n, dx,
-                                              one_x ? 0 : K, dy, N, OutRound::kF32)
-                          .ok());
-        }
-        got[mode / 2].resize(N * n);
-        ASSERT_EQ(cudaMemcpyAsync(got[mode / 2].data(), dy, N * n * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        cudaFree(dy);
-      }
-      set_gemv_presplit(1);
-      for (int64_t i = 0; i < N * n; ++i) {
-        ASSERT_EQ(quant::f32_bits(got[1][i]), quant::f32_bits(got[0][i])) << "K=" << K << " one_x " << one_x << " [" << i << "]";
-      }
-      for (void* p : std::initializer_list<void*>{dw, dx, di}) cudaFree(p);
-    }
-  }
-  cudaStreamDestroy(s);
 }
 
 // An input wider than the tensor-core GEMV's shared memory holds as digits (34 blocks) is
