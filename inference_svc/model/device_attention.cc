@@ -216,22 +216,17 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   const float* kv_b = nullptr;
   if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), latent.get(), n_new, kv_b));
   Phase sparse(*this, ctx, "attention.sparse_and_output");
-  // Index lists: [window ; published top-k].
+  // Sparse attention with the sink over [window ; published top-k] (the window entries made
+  // in the kernel, q's RoPE and the output's inverse RoPE there too), the grouped output.
   const int64_t ww = pos0 == 0 ? std::min(S, W) : W;
-  const int64_t tw = L.compress_ratio > 0 ? call.topk_width : 0, width = ww + tw;
-  ASSIGN_OR_RETURN(auto idx, DevBuf<int32_t>::make(ctx, S * width));
-  RETURN_IF_ERROR(kernels::attn::window_index_cuda(ctx, pos, S, W, idx.get(), width));
-  if (tw > 0) {
-    RETURN_IF_ERROR(kernels::copy_2d(ctx, idx.get() + ww, width * sizeof(int32_t), call.topk.get(), tw * sizeof(int32_t),
-                                     tw * sizeof(int32_t), S));
-  }
-  // Sparse attention with the sink (q's RoPE and the output's inverse RoPE in the same
-  // kernel), the grouped output.
+  const int64_t tw = L.compress_ratio > 0 ? call.topk_width : 0;
   ASSIGN_OR_RETURN(auto o, DevBuf<float>::make(ctx, S * H * Dh));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Dh)));
   const kernels::attn::AttnRope q_rope{rope, dims, pos};
+  const kernels::attn::AttnWindow window{pos, W};
   RETURN_IF_ERROR(kernels::attn::sparse_attn_cuda(ctx, q.get(), S, static_cast<int>(H), Dh, kv_a, call.n_win, kv_b,
-                                                  idx.get(), width, w.sinks, scale, o.get(), &q_rope));
+                                                  tw > 0 ? call.topk.get() : nullptr, ww + tw, w.sinks, scale, o.get(),
+                                                  &q_rope, &window));
   return grouped_output(l, call, o.get(), y);
 }
 

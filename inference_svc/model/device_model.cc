@@ -326,12 +326,14 @@ Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float*
     RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, pre_mix.get(), pre_h.data(), pre_h.size() * sizeof(float)));
   }
   embed_phase.reset();
+  ASSIGN_OR_RETURN(auto x, DevBuf<float>::make(ctx, S * cfg_.n_embd));
+  bool x_ready = false;
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
     if (cfg_.layers[l].has_engram) {
       Phase phase(*this, ctx, "engram");
       RETURN_IF_ERROR(engram(static_cast<int>(l), call, h));
     }
-    RETURN_IF_ERROR(block(static_cast<int>(l), call, h, h_alt, pre_mix, spare_pre));
+    RETURN_IF_ERROR(block(static_cast<int>(l), call, h, h_alt, pre_mix, spare_pre, x.get(), x_ready));
   }
   Phase phase(*this, ctx, "head");
   return head(call, h, pre_mix.get(), all_logits, out);
@@ -339,19 +341,21 @@ Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float*
 
 // One block (model.cc Model::block): each sub-layer collapses the streams with the previous
 // sub-layer's pre coefficients and expands back with its own; pre buffers alternate, and so do
-// the stream buffers (the expansion reads h as its residual and writes h_alt).
+// the stream buffers (the expansion reads h as its residual and writes h_alt). A sub-layer's
+// expansion also makes the next sub-layer's normed input where that follows directly (not
+// across an Engram layer, whose update comes between).
 Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix,
-                          DevBuf<float>& spare_pre) const {
+                          DevBuf<float>& spare_pre, float* x, bool& x_ready) const {
   const Layer& w = layers_[l];
   const ExecCtx& ctx = call.ctx;
   const int C = static_cast<int>(cfg_.hc_mult);
   const int64_t D = cfg_.n_embd, S = call.S;
   ASSIGN_OR_RETURN(auto post, DevBuf<float>::make(ctx, S * C));
   ASSIGN_OR_RETURN(auto comb, DevBuf<float>::make(ctx, S * C * C));
-  ASSIGN_OR_RETURN(auto x, DevBuf<float>::make(ctx, S * D));
   ASSIGN_OR_RETURN(auto y, DevBuf<float>::make(ctx, S * D));
+  // next_norm: the next sub-layer's norm weights when its input is made here, else null.
   auto sublayer = [&](const Layer::Hc& hw, const float* norm, const float* in_pre, float* out_pre,
-                      auto&& body) -> Status {
+                      const float* next_norm, auto&& body) -> Status {
     std::optional<Phase> hc_phase(std::in_place, *this, ctx, "hc_pre_norm");
     const int iters = static_cast<int>(cfg_.hc_sinkhorn_iters);
     BranchScope split(ctx, call.branch(0));
@@ -361,28 +365,39 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
       RETURN_IF_ERROR(split.fork());
       RETURN_IF_ERROR(kernels::hc::mixes_split_cuda(split.ctx(), h, hw.fn, hw.scale, hw.base, C, D, S, cfg_.norm_eps,
                                                     iters, cfg_.hc_eps, out_pre, post.get(), comb.get()));
-      RETURN_IF_ERROR(kernels::hc::pre_norm_cuda(ctx, h, in_pre, C, D, S, norm, cfg_.norm_eps, x.get()));
+      if (!x_ready) RETURN_IF_ERROR(kernels::hc::pre_norm_cuda(ctx, h, in_pre, C, D, S, norm, cfg_.norm_eps, x));
+    } else if (x_ready) {
+      RETURN_IF_ERROR(kernels::hc::mixes_split_cuda(ctx, h, hw.fn, hw.scale, hw.base, C, D, S, cfg_.norm_eps, iters,
+                                                    cfg_.hc_eps, out_pre, post.get(), comb.get()));
     } else {
       RETURN_IF_ERROR(kernels::hc::sublayer_in_cuda(ctx, h, hw.fn, hw.scale, hw.base, C, D, S, cfg_.norm_eps, iters,
-                                                    cfg_.hc_eps, in_pre, norm, out_pre, post.get(), comb.get(), x.get()));
+                                                    cfg_.hc_eps, in_pre, norm, out_pre, post.get(), comb.get(), x));
     }
     hc_phase.reset();
     RETURN_IF_ERROR(body());
     RETURN_IF_ERROR(split.join());
     Phase post_phase(*this, ctx, "hc_post");
-    RETURN_IF_ERROR(kernels::hc::post_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, h_alt));
+    if (next_norm != nullptr) {  // the next sub-layer's pre is this one's (out_pre)
+      RETURN_IF_ERROR(kernels::hc::post_pre_norm_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, out_pre,
+                                                      next_norm, cfg_.norm_eps, h_alt, x));
+    } else {
+      RETURN_IF_ERROR(kernels::hc::post_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, h_alt));
+    }
+    x_ready = next_norm != nullptr;
     std::swap(h, h_alt);
     return absl::OkStatus();
   };
-  RETURN_IF_ERROR(sublayer(w.hc_attn, w.attn_norm, pre_mix.get(), spare_pre.get(),
+  const bool next_block = l + 1 < static_cast<int>(cfg_.n_layer) && !cfg_.layers[l + 1].has_engram;
+  RETURN_IF_ERROR(sublayer(w.hc_attn, w.attn_norm, pre_mix.get(), spare_pre.get(), w.ffn_norm,
                            [&] {
                              Phase phase(*this, ctx, "attention");
-                             return attention(l, call, x.get(), y.get());
+                             return attention(l, call, x, y.get());
                            }));
   RETURN_IF_ERROR(sublayer(w.hc_ffn, w.ffn_norm, spare_pre.get(), pre_mix.get(),
+                           next_block ? layers_[l + 1].attn_norm : nullptr,
                            [&] {
                              Phase phase(*this, ctx, "moe");
-                             return moe(l, call, x.get(), y.get());
+                             return moe(l, call, x, y.get());
                            }));
   return absl::OkStatus();
 }

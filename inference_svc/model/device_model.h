@@ -263,7 +263,12 @@ class DeviceModel {
   // Copies Engram layer e's rows of `ids` to its place in `stage` and from there to `dev`.
   Status stage_engram_rows(const kernels::ExecCtx& ctx, size_t e, const int64_t* ids, int64_t S, uint8_t* stage,
                            uint8_t* dev) const;
-  Status block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre) const;
+  // Block l on the streams h (h_alt: scratch of the same size; the two are swapped as the
+  // sub-layers expand). x [S][n_embd]: a sub-layer's normed input; x_ready: x already holds
+  // the first sub-layer's (the previous block's last post made it), and on return whether it
+  // holds the next block's.
+  Status block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre, float* x,
+               bool& x_ready) const;
   Status attention(int l, Call& call, const float* x, float* y) const;
   // A KV source's new latents (n_new of them) into `latent` ([S / ratio + 1][head_dim]), on
   // ctx's stream; then compressed_kv indexes and caches them.

@@ -15,13 +15,36 @@ using cuda::round_bf16;
 
 constexpr int kChunk = 64;  // entries per online-softmax step, as the reference
 constexpr int kAttnThreads = 512;
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kWarpEntries = kChunk / kAttnWarps;  // a chunk's entries per warp
 
-// grid (H, S): one head of one query row. Per chunk: logits by warps (each entry's row address
-// kept in shared memory), the chunk max and the probabilities by warp 0 (their sum in entry
-// order by lane 0), then each thread forms the chunk's value sum for its dims in entry order
-// and folds it into the accumulator. The loops over a row's dims and over a chunk's entries are
-// unrolled so that their loads are in flight together (the sums keep their order): at decode
-// the kernel is bound by load latency, 64 CTAs for a GPU's worth of SMs.
+// grid (H, S): one head of one query row. Per chunk: logits by warps (each warp's four entries
+// at once; each entry's row address kept in shared memory), the chunk max and the
+// probabilities by warp 0 (their sum in entry order by lane 0), then each thread forms the
+// chunk's value sum for its dims in entry order and folds it into the accumulator. The loops
+// over a row's dims and over a chunk's entries are unrolled so that their loads are in flight
+// together (the sums keep their order): at decode the kernel is bound by load latency, 64 CTAs
+// for a GPU's worth of SMs (one a SM: __launch_bounds__ lets it use the registers).
+// Entry j of query row t's window list for a call of S rows at pos0, window W (as
+// window_index_cuda documents): a decode step's ring slots oldest first, else the last W
+// positions in [ring ; this call's rows]; -1 where there is none.
+__device__ __forceinline__ int32_t window_entry(int64_t pos0, int64_t S, int64_t W, int64_t t, int64_t j) {
+  if (pos0 > 0 && S == 1) {
+    const int64_t slot = (pos0 % W + 1 + j) % W;
+    return slot > pos0 ? -1 : static_cast<int32_t>(slot);
+  }
+  const int64_t p = pos0 + t, first = max(int64_t{0}, p - W + 1), q = first + j, ring_rows = pos0 > 0 ? W : 0;
+  return q <= p ? static_cast<int32_t>(q >= pos0 ? ring_rows + (q - pos0) : q % W) : -1;
+}
+
+// The window part of the lists made in the kernel (AttnWindow): entries [0, ww) of row t's
+// list are window_entry's, the rest idx[t][0 .. width - ww).
+struct WindowArgs {
+  int64_t ww, W;  // ww = 0: every entry from idx
+  int64_t pos0_value;
+  const int64_t* pos0_dev;
+};
+
 // The fused RoPE (AttnRope) of row t's tail in shared memory, as rope_kernel rotates it.
 struct RopeArgs {
   const float* freqs;  // null: none
@@ -38,9 +61,9 @@ struct RopeArgs {
   }
 };
 
-__global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv_a,
+__global__ void __launch_bounds__(kAttnThreads, 1) sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv_a,
                                    int64_t n_a, const float* __restrict__ kv_b, const int32_t* __restrict__ idx, int64_t width, const float* __restrict__ sink,
-                                   float scale, const RopeArgs rope, float* __restrict__ o) {
+                                   float scale, const RopeArgs rope, const WindowArgs win, float* __restrict__ o) {
   cuda::await_inputs();
   extern __shared__ float smem[];
   float* qh = smem;       // [Dh]
@@ -50,7 +73,8 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
   const int h = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.y;
   const float* qsrc = q + (t * H + h) * Dh;
-  const int32_t* list = idx + t * width;
+  const int32_t* list = idx + t * (width - win.ww);
+  const int64_t pos0 = win.ww > 0 ? cuda::scalar_value(win.pos0_value, win.pos0_dev) : 0;
   for (int64_t d = threadIdx.x; d < Dh; d += kAttnThreads) {
     qh[d] = qsrc[d];
     acc[d] = 0.0f;
@@ -63,18 +87,34 @@ __global__ void sparse_attn_kernel(const float* __restrict__ q, int H, int64_t D
   __syncthreads();
   for (int64_t c0 = 0; c0 < width; c0 += kChunk) {
     const int cn = static_cast<int>(min(static_cast<int64_t>(kChunk), width - c0));
-    for (int k = warp; k < cn; k += kAttnThreads / 32) {
-      const int32_t j = list[c0 + k];
-      float dot = 0.0f;
-      const float* row = j < 0 ? nullptr : (j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh);
-      if (row != nullptr) {
-#pragma unroll 8
-        for (int64_t d = lane; d < Dh; d += 32) dot = fmaf(qh[d], row[d], dot);
+    // Each warp's entries (k = warp + 16 i) with their loads in flight together; each dot
+    // product still sums its dims in order, then across the warp.
+    float dot[kWarpEntries];
+    const float* r[kWarpEntries];
+#pragma unroll
+    for (int i = 0; i < kWarpEntries; ++i) {
+      const int k = warp + i * kAttnWarps;
+      const int64_t e = c0 + k;
+      int32_t j = -1;
+      if (k < cn) j = e < win.ww ? window_entry(pos0, gridDim.y, win.W, t, e) : list[e - win.ww];
+      r[i] = j < 0 ? nullptr : (j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh);
+      dot[i] = 0.0f;
+    }
+#pragma unroll 4
+    for (int64_t d = lane; d < Dh; d += 32) {
+      const float qd = qh[d];
+#pragma unroll
+      for (int i = 0; i < kWarpEntries; ++i) {
+        if (r[i] != nullptr) dot[i] = fmaf(qd, r[i][d], dot[i]);
       }
-      dot = cuda::warp_sum(dot);
-      if (lane == 0) {
-        logit[k] = row != nullptr ? dot * scale : -INFINITY;
-        rows[k] = row;
+    }
+#pragma unroll
+    for (int i = 0; i < kWarpEntries; ++i) {
+      const int k = warp + i * kAttnWarps;
+      const float sum = cuda::warp_sum(dot[i]);
+      if (lane == 0 && k < cn) {
+        logit[k] = r[i] != nullptr ? sum * scale : -INFINITY;
+        rows[k] = r[i];
       }
     }
     __syncthreads();
@@ -263,17 +303,8 @@ __global__ void window_index_kernel(int64_t pos0_value, const int64_t* pos0_dev,
   cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][width]
   if (i >= S * width) return;
-  const int64_t pos0 = cuda::scalar_value(pos0_value, pos0_dev);
-  const int64_t t = i / width, j = i % width, p = pos0 + t;
-  int32_t v = -1;
-  if (pos0 > 0 && S == 1) {
-    const int64_t slot = (pos0 % W + 1 + j) % W;
-    v = slot > pos0 ? -1 : static_cast<int32_t>(slot);
-  } else {
-    const int64_t first = max(int64_t{0}, p - W + 1), q = first + j, ring_rows = pos0 > 0 ? W : 0;
-    if (q <= p) v = static_cast<int32_t>(q >= pos0 ? ring_rows + (q - pos0) : q % W);
-  }
-  idx[t * ld + j] = v;
+  const int64_t t = i / width, j = i % width;
+  idx[t * ld + j] = window_entry(cuda::scalar_value(pos0_value, pos0_dev), S, W, t, j);
 }
 
 __global__ void ring_write_kernel(const float* __restrict__ kv, int64_t pos0_value, const int64_t* pos0_dev, int64_t S,
@@ -340,9 +371,17 @@ cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
 
 Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a,
                         int64_t n_a, const float* kv_b, const int32_t* idx, int64_t width, const float* sink,
-                        float scale, float* o, const AttnRope* rope) {
+                        float scale, float* o, const AttnRope* rope, const AttnWindow* window) {
   if (S <= 0 || H <= 0) return absl::OkStatus();
   if (Dh <= 0 || Dh > 4096) return absl::InvalidArgumentError(absl::StrCat("sparse_attn_cuda: head dim ", Dh));
+  WindowArgs wa{0, 1, 0, nullptr};
+  if (window != nullptr) {
+    const int64_t ww = window->pos0.value == 0 ? std::min(S, window->W) : window->W;
+    if (window->W <= 0 || ww > width) {
+      return absl::InvalidArgumentError(absl::StrCat("sparse_attn_cuda: a window of ", window->W, " in lists of ", width));
+    }
+    wa = WindowArgs{ww, window->W, window->pos0.value, window->pos0.dev};
+  }
   RopeArgs ra{nullptr, 0, 0, nullptr};
   if (rope != nullptr) {
     if (rope->freqs == nullptr || rope->dims <= 0 || rope->dims % 2 != 0 || rope->dims > Dh) {
@@ -354,7 +393,7 @@ Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, in
   return cuda::launch(sparse_attn_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(H), static_cast<unsigned>(S)), dim3(kAttnThreads),
                                          smem, stream_of(ctx)},
-                      q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, ra, o);
+                      q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, ra, wa, o);
 }
 
 Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t groups, int r, int64_t n, float* latent) {

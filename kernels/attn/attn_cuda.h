@@ -25,14 +25,25 @@ struct AttnRope {
   DevScalar pos0;
 };
 
+// The window part of sparse attention's index lists made where they are read: the first ww
+// entries of row t's list (ww = pos0 == 0 ? min(S, W) : W) are what window_index_cuda would
+// write at pos0 with window W, the rest come from idx.
+struct AttnWindow {
+  DevScalar pos0;
+  int64_t W = 0;
+};
+
 // o[S][H][Dh] = sparse_attn of each query row q[t] over the rows idx[t][*] (width entries,
 // -1 = none) of [kv_a (n_a rows) ; kv_b]: index j < n_a reads kv_a[j], else kv_b[j - n_a] (the
 // window rows and the compressed cache, without joining them). The sink sink[H] is in every
 // denominator. Dh <= 4096. With `rope`, q's rows are used rotated (q itself is not written)
-// and o's rows are rotated back: the same values as rope, attention, inverse rope.
+// and o's rows are rotated back: the same values as rope, attention, inverse rope. With
+// `window`, row t's list is its ww window entries followed by idx[t][0 .. width - ww) (idx's
+// rows width - ww apart; idx may be null when that is 0): the same values as the lists
+// window_index_cuda and a copy of idx would make.
 Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a,
                         int64_t n_a, const float* kv_b, const int32_t* idx, int64_t width, const float* sink,
-                        float scale, float* o, const AttnRope* rope = nullptr);
+                        float scale, float* o, const AttnRope* rope = nullptr, const AttnWindow* window = nullptr);
 
 // latent[g][n] = pool_group of k[g], s[g] ([r][n] each) for `groups` groups.
 Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t groups, int r, int64_t n, float* latent);

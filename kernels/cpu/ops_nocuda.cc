@@ -16,7 +16,7 @@ Status rms_norm_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_
 
 namespace attn {
 Status sparse_attn_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, const float*, int64_t, const float*,
-                        const int32_t*, int64_t, const float*, float, float*, const AttnRope*) {
+                        const int32_t*, int64_t, const float*, float, float*, const AttnRope*, const AttnWindow*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status pool_cuda(const ExecCtx&, const float*, const float*, int64_t, int, int64_t, float*) {
@@ -95,6 +95,10 @@ Status pre_cuda(const ExecCtx&, const float*, const float*, int, int64_t, int64_
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status post_cuda(const ExecCtx&, const float*, const float*, const float*, const float*, int, int64_t, int64_t, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+Status post_pre_norm_cuda(const ExecCtx&, const float*, const float*, const float*, const float*, int, int64_t, int64_t,
+                          const float*, const float*, float, float*, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 }  // namespace hc

@@ -205,17 +205,42 @@ __global__ void pre_kernel(const float* __restrict__ h, const float* __restrict_
   y[k] = __bfloat162float(__float2bfloat16_rn(acc));
 }
 
+// Stream j, value d of token t after hc post.
+__device__ __forceinline__ float post_value(const float* __restrict__ x, const float* __restrict__ res,
+                                            const float* __restrict__ post, const float* __restrict__ comb, int C,
+                                            int64_t D, int64_t t, int64_t j, int64_t d) {
+  float acc = 0.0f;
+  for (int i = 0; i < C; ++i) {
+    acc = __fadd_rn(acc, __fmul_rn(comb[(t * C + i) * C + j], res[(t * C + i) * D + d]));
+  }
+  return __bfloat162float(__float2bfloat16_rn(__fadd_rn(__fmul_rn(post[t * C + j], x[t * D + d]), acc)));
+}
+
 __global__ void post_kernel(const float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ post,
                             const float* __restrict__ comb, int C, int64_t D, int64_t S, float* __restrict__ y) {
   cuda::await_inputs();
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][C][D]
   if (k >= S * C * D) return;
-  const int64_t t = k / (C * D), j = (k / D) % C, d = k % D;
-  float acc = 0.0f;
-  for (int i = 0; i < C; ++i) {
-    acc = __fadd_rn(acc, __fmul_rn(comb[(t * C + i) * C + j], res[(t * C + i) * D + d]));
+  y[k] = post_value(x, res, post, comb, C, D, k / (C * D), (k / D) % C, k % D);
+}
+
+// post_kernel's rows of token t, then pre_norm_token on them (the block's own writes, visible
+// to it after the barrier).
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) post_pre_norm_kernel(const float* __restrict__ x,
+                                                                 const float* __restrict__ res,
+                                                                 const float* __restrict__ post,
+                                                                 const float* __restrict__ comb, int C, int64_t D,
+                                                                 const float* __restrict__ pre,
+                                                                 const float* __restrict__ norm_w, float eps, float* h,
+                                                                 float* __restrict__ y) {
+  cuda::await_inputs();
+  const int64_t t = blockIdx.x;
+  for (int64_t k = threadIdx.x; k < C * D; k += kThreads) {
+    h[t * C * D + k] = post_value(x, res, post, comb, C, D, t, k / D, k % D);
   }
-  y[k] = __bfloat162float(__float2bfloat16_rn(__fadd_rn(__fmul_rn(post[t * C + j], x[t * D + d]), acc)));
+  __syncthreads();
+  pre_norm_token<kThreads>(h, pre, C, D, norm_w, eps, y, t);
 }
 
 cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
@@ -335,6 +360,19 @@ Status post_cuda(const ExecCtx& ctx, const float* x, const float* res, const flo
                  int64_t D, int64_t S, float* y) {
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
   return cuda::launch(post_kernel, flat(ctx, S * C * D), x, res, post, comb, C, D, S, y);
+}
+
+Status post_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, const float* post, const float* comb,
+                          int C, int64_t D, int64_t S, const float* pre, const float* norm_w, float norm_eps, float* h,
+                          float* y) {
+  if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  return cuda::with_norm_threads(D, [&](auto threads) {
+    constexpr int kThreads = decltype(threads)::value;
+    return cuda::launch(post_pre_norm_kernel<kThreads>,
+                        cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(kThreads), 0, st}, x, res, post, comb,
+                        C, D, pre, norm_w, norm_eps, h, y);
+  });
 }
 
 }  // namespace dsflash::kernels::hc

@@ -209,6 +209,57 @@ TEST_F(ModelOpsCuda, FusedRopeAttentionEqualsTheOps) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Sparse attention with its window entries made in the kernel (AttnWindow) equals the lists
+// window_index_cuda and a copy of the top-k make, bit for bit: a prefill at 0, a decode step
+// (position from device memory, early and wrapped rings), a later chunk; with and without a
+// top-k part. A window wider than the lists is refused.
+TEST_F(ModelOpsCuda, WindowListsInAttentionEqualTheIndexOp) {
+  std::mt19937 rng(37);
+  struct Case {
+    int64_t S, pos0;
+  };
+  const int64_t W = 8, Dh = 64, n_ring = 8, n_comp = 40;
+  const int H = 3;
+  for (const Case c : {Case{3, 0}, Case{12, 0}, Case{1, 3}, Case{1, 29}, Case{4, 21}}) {
+    for (const int64_t tw : {0, 7}) {
+      const int64_t ww = c.pos0 == 0 ? std::min(c.S, W) : W, width = ww + tw;
+      const int64_t n_a = c.pos0 == 0 ? c.S : (c.S == 1 ? W : W + c.S);
+      const std::vector<float> q = bf16_normal(rng, c.S * H * Dh, 0.3f), kv = bf16_normal(rng, (n_a + n_comp) * Dh);
+      const std::vector<float> sink = bf16_normal(rng, H);
+      std::vector<int32_t> top(static_cast<size_t>(std::max<int64_t>(1, c.S * tw)));
+      for (int32_t& j : top) j = rng() % 5 == 0 ? -1 : static_cast<int32_t>(n_a + rng() % n_comp);
+      const int64_t* dpos = dev(std::vector<int64_t>{c.pos0});
+      const kernels::DevScalar pos = c.S == 1 ? kernels::DevScalar(c.pos0, dpos) : kernels::DevScalar(c.pos0);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+      const float *d_q = dev(q), *d_kv = dev(kv), *d_sink = dev(sink);
+      const int32_t* d_top = dev(top);
+      int32_t* idx = dev(std::vector<int32_t>(static_cast<size_t>(c.S * width), 123));
+      ASSERT_TRUE(attn::window_index_cuda(ctx(), pos, c.S, W, idx, width).ok());
+      if (tw > 0) {
+        ASSERT_TRUE(kernels::copy_2d(ctx(), idx + ww, width * 4, d_top, tw * 4, tw * 4, c.S).ok());
+      }
+      float *oa = dev(nan_vec(q.size())), *ob = dev(nan_vec(q.size()));
+      ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), d_q, c.S, H, Dh, d_kv, n_a, d_kv + n_a * Dh, idx, width, d_sink, scale, oa)
+                      .ok());
+      const attn::AttnWindow win{pos, W};
+      ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), d_q, c.S, H, Dh, d_kv, n_a, d_kv + n_a * Dh, tw > 0 ? d_top : nullptr,
+                                         width, d_sink, scale, ob, nullptr, &win)
+                      .ok());
+      sync();
+      const std::vector<float> want = to_host(oa, q.size()), got = to_host(ob, q.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(quant::f32_bits(got[i]), quant::f32_bits(want[i]))
+            << "S=" << c.S << " pos0=" << c.pos0 << " tw=" << tw << " [" << i << "]";
+      }
+    }
+  }
+  const std::vector<float> one(64, 1.0f);
+  float* d = dev(one);
+  const attn::AttnWindow wide{kernels::DevScalar(5), 8};
+  EXPECT_EQ(attn::sparse_attn_cuda(ctx(), d, 1, 1, 64, d, 1, d, nullptr, 4, d, 1.0f, d, nullptr, &wide).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ModelOpsCuda, PoolAndIndexScoresMatchCpu) {
   std::mt19937 rng(2);
   Agreement pool, scores;

@@ -241,7 +241,8 @@ TEST_F(OpsCuda, QdqIsBitExact) {
 
 // The fused sub-layer forms equal the ops they join (checked against the CPU above), bit for
 // bit: mixes + split (a warp per token for C = 4; the two ops for C = 6) and hc pre + RMSNorm
-// (256 and 1024 threads per row), and the sub-layer entry joining both.
+// (256 and 1024 threads per row), the sub-layer entry joining both, and the exit joining hc post
+// to the next sub-layer's pre + RMSNorm.
 TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
   std::mt19937 rng(23);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -286,6 +287,18 @@ TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
         same(post1, post3, S * C, "sub-layer entry: post");
         same(comb1, comb3, S * C * C, "sub-layer entry: comb");
         same(y1, y3, S * D, "sub-layer entry: pre + norm");
+        // A sub-layer's exit joined to the next norm: post (output x, residual h, post1,
+        // comb1), then pre + norm of the new streams with the weights w.
+        std::vector<float> xo(static_cast<size_t>(S * D));
+        for (float& v : xo) v = quant::round_bf16(nd(rng));
+        const std::vector<float> nan_h(h.size(), std::nanf(""));
+        float *dxo = dev(xo), *h4 = dev(nan_h), *h5 = dev(nan_h), *y4 = dev(nan_d), *y5 = dev(nan_d);
+        ASSERT_TRUE(hc::post_cuda(ctx(), dxo, dh, post1, comb1, C, D, S, h4).ok());
+        ASSERT_TRUE(hc::pre_norm_cuda(ctx(), h4, dw, C, D, S, dnw, 1e-6f, y4).ok());
+        ASSERT_TRUE(hc::post_pre_norm_cuda(ctx(), dxo, dh, post1, comb1, C, D, S, dw, dnw, 1e-6f, h5, y5).ok());
+        sync();
+        same(h4, h5, h.size(), "sub-layer exit: post");
+        same(y4, y5, S * D, "sub-layer exit: pre + norm");
       }
     }
   }
