@@ -1,8 +1,11 @@
 // Hyper-connection kernels (see hc_cuda.h).
 #include <cuda_bf16.h>
 
+#include "absl/strings/str_cat.h"
+
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/reduce.cuh"
+#include "kernels/hc/hc.h"
 #include "kernels/hc/hc_cuda.h"
 #include "kernels/hc/split_math.h"
 #include "kernels/norm/norm_row.cuh"
@@ -205,15 +208,17 @@ __global__ void pre_kernel(const float* __restrict__ h, const float* __restrict_
   y[k] = __bfloat162float(__float2bfloat16_rn(acc));
 }
 
-// Stream j, value d of token t after hc post.
-__device__ __forceinline__ float post_value(const float* __restrict__ x, const float* __restrict__ res,
-                                            const float* __restrict__ post, const float* __restrict__ comb, int C,
-                                            int64_t D, int64_t t, int64_t j, int64_t d) {
+// Stream j of a value after hc post: r[i] the residual streams' values, xv the sub-layer
+// output's, post_t and comb_t the token's coefficients.
+template <int kMaxC = Split::kMaxC>
+__device__ __forceinline__ float post_value(const float* r, float xv, const float* __restrict__ post_t,
+                                            const float* __restrict__ comb_t, int C, int j) {
   float acc = 0.0f;
-  for (int i = 0; i < C; ++i) {
-    acc = __fadd_rn(acc, __fmul_rn(comb[(t * C + i) * C + j], res[(t * C + i) * D + d]));
+#pragma unroll
+  for (int i = 0; i < kMaxC; ++i) {  // r indexed by constants: registers
+    if (i < C) acc = __fadd_rn(acc, __fmul_rn(comb_t[i * C + j], r[i]));
   }
-  return __bfloat162float(__float2bfloat16_rn(__fadd_rn(__fmul_rn(post[t * C + j], x[t * D + d]), acc)));
+  return __bfloat162float(__float2bfloat16_rn(__fadd_rn(__fmul_rn(post_t[j], xv), acc)));
 }
 
 __global__ void post_kernel(const float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ post,
@@ -221,12 +226,19 @@ __global__ void post_kernel(const float* __restrict__ x, const float* __restrict
   cuda::await_inputs();
   const int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;  // over [S][C][D]
   if (k >= S * C * D) return;
-  y[k] = post_value(x, res, post, comb, C, D, k / (C * D), (k / D) % C, k % D);
+  const int64_t t = k / (C * D), j = (k / D) % C, d = k % D;
+  float r[Split::kMaxC];
+#pragma unroll
+  for (int i = 0; i < Split::kMaxC; ++i) r[i] = i < C ? res[(t * C + i) * D + d] : 0.0f;
+  y[k] = post_value(r, x[t * D + d], post + t * C, comb + t * C * C, C, static_cast<int>(j));
 }
 
-// post_kernel's rows of token t, then pre_norm_token on them (the block's own writes, visible
-// to it after the barrier).
-template <int kThreads>
+// post_kernel's rows of token t, then pre_norm_token's. Rows of up to kThreads * kRowRegs
+// values: each thread's values and their C streams in registers, every load in one round and
+// the norm's input made from the registers (the same values pre_norm_token reads back); wider
+// ones: the rows written, then pre_norm_token on them (visible to the block after the barrier).
+// kMaxC: C's bound (4 for the released model: fewer registers).
+template <int kThreads, int kMaxC>
 __global__ void __launch_bounds__(kThreads) post_pre_norm_kernel(const float* __restrict__ x,
                                                                  const float* __restrict__ res,
                                                                  const float* __restrict__ post,
@@ -236,8 +248,37 @@ __global__ void __launch_bounds__(kThreads) post_pre_norm_kernel(const float* __
                                                                  float* __restrict__ y) {
   cuda::await_inputs();
   const int64_t t = blockIdx.x;
+  const float *post_t = post + t * C, *comb_t = comb + t * C * C, *pre_t = pre + t * C;
+  if (D <= kThreads * cuda::kRowRegs) {
+    float xs[cuda::kRowRegs];
+#pragma unroll
+    for (int k = 0; k < cuda::kRowRegs; ++k) {
+      const int64_t d = threadIdx.x + static_cast<int64_t>(k) * kThreads;
+      float acc = 0.0f;
+      if (d < D) {
+        float r[kMaxC];
+#pragma unroll
+        for (int i = 0; i < kMaxC; ++i) r[i] = i < C ? res[(t * C + i) * D + d] : 0.0f;
+        const float xv = x[t * D + d];
+#pragma unroll
+        for (int j = 0; j < kMaxC; ++j) {
+          if (j >= C) break;
+          const float hv = post_value<kMaxC>(r, xv, post_t, comb_t, C, j);
+          h[(t * C + j) * D + d] = hv;
+          acc = __fadd_rn(acc, __fmul_rn(pre_t[j], hv));
+        }
+      }
+      xs[k] = __bfloat162float(__float2bfloat16_rn(acc));
+    }
+    cuda::rms_scale_regs<kThreads>(xs, norm_w, D, eps, y + t * D);
+    return;
+  }
   for (int64_t k = threadIdx.x; k < C * D; k += kThreads) {
-    h[t * C * D + k] = post_value(x, res, post, comb, C, D, t, k / D, k % D);
+    const int64_t d = k % D;
+    float r[kMaxC];
+#pragma unroll
+    for (int i = 0; i < kMaxC; ++i) r[i] = i < C ? res[(t * C + i) * D + d] : 0.0f;
+    h[t * C * D + k] = post_value<kMaxC>(r, x[t * D + d], post_t, comb_t, C, static_cast<int>(k / D));
   }
   __syncthreads();
   pre_norm_token<kThreads>(h, pre, C, D, norm_w, eps, y, t);
@@ -359,6 +400,7 @@ Status pre_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, int64
 Status post_cuda(const ExecCtx& ctx, const float* x, const float* res, const float* post, const float* comb, int C,
                  int64_t D, int64_t S, float* y) {
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+  if (C > Split::kMaxC) return absl::InvalidArgumentError(absl::StrCat("post_cuda: ", C, " streams"));
   return cuda::launch(post_kernel, flat(ctx, S * C * D), x, res, post, comb, C, D, S, y);
 }
 
@@ -366,12 +408,14 @@ Status post_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, 
                           int C, int64_t D, int64_t S, const float* pre, const float* norm_w, float norm_eps, float* h,
                           float* y) {
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
+  if (C > Split::kMaxC) return absl::InvalidArgumentError(absl::StrCat("post_pre_norm_cuda: ", C, " streams"));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   return cuda::with_norm_threads(D, [&](auto threads) {
     constexpr int kThreads = decltype(threads)::value;
-    return cuda::launch(post_pre_norm_kernel<kThreads>,
-                        cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(kThreads), 0, st}, x, res, post, comb,
-                        C, D, pre, norm_w, norm_eps, h, y);
+    const cuda::LaunchParams lp{dim3(static_cast<unsigned>(S)), dim3(kThreads), 0, st};
+    if (C <= 4) return cuda::launch(post_pre_norm_kernel<kThreads, 4>, lp, x, res, post, comb, C, D, pre, norm_w, norm_eps, h, y);
+    return cuda::launch(post_pre_norm_kernel<kThreads, Split::kMaxC>, lp, x, res, post, comb, C, D, pre, norm_w, norm_eps,
+                        h, y);
   });
 }
 

@@ -458,8 +458,8 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
 // power of two up to 16 that loses the least, counting both ways to lose. A warp works
 // ceil(n_blocks / s) blocks while the group waits for its slowest, so an s that does not divide
 // n_blocks idles warps (20 blocks on 16 slices: 62 % busy; 9 on 8: 56 %); and fewer warps than
-// ~32 a SM in all leave memory bandwidth unused. The larger s wins a tie.
-int slices_for(int64_t n_blocks, int64_t group_products) {
+// ~32 a SM in all leave memory bandwidth unused. The larger s wins a tie. At most max_slices.
+int slices_for(int64_t n_blocks, int64_t group_products, int max_slices) {
   static const int forced = [] {  // DSF_MMA_SLICES=s, for measurement: s wherever the blocks allow
     const long long s = env_int("DSF_MMA_SLICES", 0);
     return s == 1 || s == 2 || s == 4 || s == 8 || s == 16 ? static_cast<int>(s) : 0;
@@ -467,7 +467,7 @@ int slices_for(int64_t n_blocks, int64_t group_products) {
   if (forced > 0 && forced <= n_blocks) return forced;
   int best = 1;
   double best_score = -1.0;
-  for (int s = 16; s >= 1; s /= 2) {
+  for (int s = max_slices; s >= 1; s /= 2) {
     if (s > n_blocks) continue;
     const double busy = static_cast<double>(n_blocks) / static_cast<double>(s * ((n_blocks + s - 1) / s));
     const double fill = std::min(1.0, static_cast<double>(group_products * s) / (32.0 * sm_count()));
@@ -477,8 +477,8 @@ int slices_for(int64_t n_blocks, int64_t group_products) {
 }
 
 template <template <int> class K, typename Arg>
-Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg) {
-  switch (slices_for(n_blocks, (rows + 15) / 16 * n)) {
+Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg, int max_slices = 16) {
+  switch (slices_for(n_blocks, (rows + 15) / 16 * n, max_slices)) {
     case 16: return launch_slices<K, 16>(rows, n_blocks, n, st, arg);
     case 8: return launch_slices<K, 8>(rows, n_blocks, n, st, arg);
     case 4: return launch_slices<K, 4>(rows, n_blocks, n, st, arg);
@@ -532,7 +532,16 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   b.n_blocks = p[0].cols / 256;
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
-  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b);
+  // At most 8 slices (DSF_MMA_Q4K_SLICES, for measurement): on the H200 the attention output's
+  // products and the shared expert's gate and up took 2.14 ms a token at 8 against 2.48 at 16
+  // (eager kernel time; 16 rows a CTA either way, half the warps splitting x at 8).
+  static const int max_slices = [] {  // a power of two in [1, 16]
+    const long long v = env_int("DSF_MMA_Q4K_SLICES", 8);
+    int m = 1;
+    while (m < 16 && 2 * m <= v) m *= 2;
+    return m;
+  }();
+  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b, max_slices);
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
