@@ -250,11 +250,19 @@ __global__ void __launch_bounds__(kThreads) post_pre_norm_kernel(const float* __
   cuda::await_inputs();
   const int64_t t = blockIdx.x;
   const float *post_t = post + t * C, *comb_t = comb + t * C * C, *pre_t = pre + t * C;
+  __shared__ int order[moe::detail::kMaxRouted];  // the routed rows' summation order (ascending expert id)
+  const int K = static_cast<int>(routed.K);
+  if (routed.ye != nullptr) {
+    if (threadIdx.x == 0) {
+      int o[moe::detail::kMaxRouted];
+      moe::detail::routed_order(routed.experts + t * K, K, o);
+      for (int n = 0; n < moe::detail::kMaxRouted; ++n) order[n] = o[n];
+    }
+    __syncthreads();
+  }
   const auto out_value = [&](int64_t d) {  // the sub-layer's output, value d
     const float v = x[t * D + d];
-    return routed.ye == nullptr ? v
-                                : moe::detail::combine_routed_value(routed.ye, routed.experts + t * routed.K, routed.K,
-                                                                    D, t, d, v);
+    return routed.ye == nullptr ? v : moe::detail::routed_sum(routed.ye, order, K, D, t, d, v);
   };
   if (D <= kThreads * cuda::kRowRegs) {
     float xs[cuda::kRowRegs];
@@ -417,6 +425,10 @@ Status post_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, 
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
   if (C > Split::kMaxC) return absl::InvalidArgumentError(absl::StrCat("post_pre_norm_cuda: ", C, " streams"));
   const RoutedRows rr = routed != nullptr ? *routed : RoutedRows{};
+  if (rr.ye != nullptr && (rr.K <= 0 || rr.K > moe::detail::kMaxRouted)) {
+    return absl::InvalidArgumentError(absl::StrCat("post_pre_norm_cuda: ", rr.K, " routed experts (at most ",
+                                                   moe::detail::kMaxRouted, ")"));
+  }
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   return cuda::with_norm_threads(D, [&](auto threads) {
     constexpr int kThreads = decltype(threads)::value;

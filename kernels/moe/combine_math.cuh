@@ -25,4 +25,40 @@ __device__ __forceinline__ float combine_routed_value(const float* __restrict__ 
   return __bfloat162float(__float2bfloat16_rn(__fadd_rn(acc, shared)));
 }
 
+// The same value with the order found once for all of a token's values: kMaxRouted experts at
+// most. order[n] = the position in e_t of its n-th smallest id (routed_order), then the K rows'
+// values loaded together and summed in that order (routed_sum): combine_routed_value's sum.
+constexpr int kMaxRouted = 8;
+
+__device__ __forceinline__ void routed_order(const int32_t* __restrict__ e_t, int K, int (&order)[kMaxRouted]) {
+  int32_t id[kMaxRouted];
+#pragma unroll
+  for (int k = 0; k < kMaxRouted; ++k) id[k] = k < K ? e_t[k] : 0;
+#pragma unroll
+  for (int n = 0; n < kMaxRouted; ++n) order[n] = 0;
+#pragma unroll
+  for (int k = 0; k < kMaxRouted; ++k) {  // id k's rank: how many of the (distinct) ids are smaller
+    int rank = 0;
+#pragma unroll
+    for (int m = 0; m < kMaxRouted; ++m) rank += m < K && id[m] < id[k];
+#pragma unroll
+    for (int n = 0; n < kMaxRouted; ++n) {
+      if (k < K && rank == n) order[n] = k;
+    }
+  }
+}
+
+__device__ __forceinline__ float routed_sum(const float* __restrict__ y, const int* order, int K,
+                                            int64_t D, int64_t t, int64_t d, float shared) {
+  float v[kMaxRouted];
+#pragma unroll
+  for (int n = 0; n < kMaxRouted; ++n) v[n] = n < K ? y[(t * K + order[n]) * D + d] : 0.0f;
+  float acc = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kMaxRouted; ++n) {
+    if (n < K) acc = __fadd_rn(acc, v[n]);
+  }
+  return __bfloat162float(__float2bfloat16_rn(__fadd_rn(acc, shared)));
+}
+
 }  // namespace dsflash::kernels::moe::detail
