@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "inference_svc/model/device_model.h"
 #include "kernels/dequant/dequant.h"
+#include "kernels/hc/hc_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 
 namespace dsflash::model {
@@ -341,7 +342,7 @@ Status DeviceModel::decode_experts(int l, Call& call, const float* x, const Expe
   } else {
     RETURN_IF_ERROR(side->join());
   }
-  if (call.defer_combine) {  // the sub-layer's exit adds them up (Call::Routed)
+  if (call.defer_combine && K <= kernels::hc::kMaxRoutedRows) {  // the sub-layer's exit adds them up (Call::Routed)
     call.routed = Call::Routed{std::move(ye), std::move(experts), std::move(shared), K};
     return absl::OkStatus();
   }

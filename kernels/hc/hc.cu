@@ -425,9 +425,10 @@ Status post_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, 
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
   if (C > Split::kMaxC) return absl::InvalidArgumentError(absl::StrCat("post_pre_norm_cuda: ", C, " streams"));
   const RoutedRows rr = routed != nullptr ? *routed : RoutedRows{};
-  if (rr.ye != nullptr && (rr.K <= 0 || rr.K > moe::detail::kMaxRouted)) {
+  static_assert(kMaxRoutedRows == moe::detail::kMaxRouted);
+  if (rr.ye != nullptr && (rr.K <= 0 || rr.K > kMaxRoutedRows)) {
     return absl::InvalidArgumentError(absl::StrCat("post_pre_norm_cuda: ", rr.K, " routed experts (at most ",
-                                                   moe::detail::kMaxRouted, ")"));
+                                                   kMaxRoutedRows, ")"));
   }
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   return cuda::with_norm_threads(D, [&](auto threads) {

@@ -35,7 +35,9 @@ Status sublayer_in_cuda(const ExecCtx& ctx, const float* h, const float* fn, con
 Status post_cuda(const ExecCtx& ctx, const float* x, const float* res, const float* post, const float* comb, int C,
                  int64_t D, int64_t S, float* y);
 // A decode token's MoE output left in pieces (moe::combine_routed_cuda's inputs, x the shared
-// expert's rows): added up where post_pre_norm_cuda reads the sub-layer's output.
+// expert's rows): added up where post_pre_norm_cuda reads the sub-layer's output; K at most
+// kMaxRoutedRows.
+constexpr int64_t kMaxRoutedRows = 8;
 struct RoutedRows {
   const float* ye = nullptr;         // [S][K][D], route order
   const int32_t* experts = nullptr;  // [S][K]
