@@ -140,6 +140,17 @@ __global__ void finish_split_kernel(const __grid_constant__ SplitArgs a) {
   finish_split_token(a, blockIdx.x);
 }
 
+// xs[k] = bf16(value(d)) for this thread's values d = threadIdx.x + k kThreads of a row of D
+// (bf16(0) beyond it), every value's loads in one round.
+template <int kThreads, typename F>
+__device__ __forceinline__ void row_regs(int64_t D, float (&xs)[cuda::kRowRegs], const F& value) {
+#pragma unroll
+  for (int k = 0; k < cuda::kRowRegs; ++k) {
+    const int64_t d = threadIdx.x + static_cast<int64_t>(k) * kThreads;
+    xs[k] = __bfloat162float(__float2bfloat16_rn(d < D ? value(d) : 0.0f));
+  }
+}
+
 // pre_kernel then the RMSNorm (norm_row.cuh, as norm.cu's kernel) of token t on one block:
 // y = bf16(norm_w * (x * rsqrt(mean(x^2) + eps))), x = bf16(sum_c w[c] h[c]).
 template <int kThreads>
@@ -149,16 +160,12 @@ __device__ __forceinline__ void pre_norm_token(const float* __restrict__ h, cons
   float* yt = y + t * D;
   if (D <= kThreads * cuda::kRowRegs) {  // the row in registers: every load in one round
     float xs[cuda::kRowRegs];
-#pragma unroll
-    for (int k = 0; k < cuda::kRowRegs; ++k) {
-      const int64_t d = threadIdx.x + static_cast<int64_t>(k) * kThreads;
+    row_regs<kThreads>(D, xs, [&](int64_t d) {
       float acc = 0.0f;
-      if (d < D) {
 #pragma unroll 4
-        for (int c = 0; c < C; ++c) acc = __fadd_rn(acc, __fmul_rn(w[t * C + c], h[(t * C + c) * D + d]));
-      }
-      xs[k] = __bfloat162float(__float2bfloat16_rn(acc));
-    }
+      for (int c = 0; c < C; ++c) acc = __fadd_rn(acc, __fmul_rn(w[t * C + c], h[(t * C + c) * D + d]));
+      return acc;
+    });
     cuda::rms_scale_regs<kThreads>(xs, norm_w, D, eps, yt);
     return;
   }
@@ -266,25 +273,21 @@ __global__ void __launch_bounds__(kThreads) post_pre_norm_kernel(const float* __
   };
   if (D <= kThreads * cuda::kRowRegs) {
     float xs[cuda::kRowRegs];
+    row_regs<kThreads>(D, xs, [&](int64_t d) {
+      float r[kMaxC];
 #pragma unroll
-    for (int k = 0; k < cuda::kRowRegs; ++k) {
-      const int64_t d = threadIdx.x + static_cast<int64_t>(k) * kThreads;
+      for (int i = 0; i < kMaxC; ++i) r[i] = i < C ? res[(t * C + i) * D + d] : 0.0f;
+      const float xv = out_value(d);
       float acc = 0.0f;
-      if (d < D) {
-        float r[kMaxC];
 #pragma unroll
-        for (int i = 0; i < kMaxC; ++i) r[i] = i < C ? res[(t * C + i) * D + d] : 0.0f;
-        const float xv = out_value(d);
-#pragma unroll
-        for (int j = 0; j < kMaxC; ++j) {
-          if (j >= C) break;
-          const float hv = post_value<kMaxC>(r, xv, post_t, comb_t, C, j);
-          h[(t * C + j) * D + d] = hv;
-          acc = __fadd_rn(acc, __fmul_rn(pre_t[j], hv));
-        }
+      for (int j = 0; j < kMaxC; ++j) {
+        if (j >= C) break;
+        const float hv = post_value<kMaxC>(r, xv, post_t, comb_t, C, j);
+        h[(t * C + j) * D + d] = hv;
+        acc = __fadd_rn(acc, __fmul_rn(pre_t[j], hv));
       }
-      xs[k] = __bfloat162float(__float2bfloat16_rn(acc));
-    }
+      return acc;
+    });
     cuda::rms_scale_regs<kThreads>(xs, norm_w, D, eps, y + t * D);
     return;
   }
