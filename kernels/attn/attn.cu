@@ -18,13 +18,6 @@ constexpr int kAttnThreads = 512;
 constexpr int kAttnWarps = kAttnThreads / 32;
 constexpr int kWarpEntries = kChunk / kAttnWarps;  // a chunk's entries per warp
 
-// grid (H, S): one head of one query row. Per chunk: logits by warps (each warp's four entries
-// at once; each entry's row address kept in shared memory), the chunk max and the
-// probabilities by warp 0 (their sum in entry order by lane 0), then each thread forms the
-// chunk's value sum for its dims in entry order and folds it into the accumulator. The loops
-// over a row's dims and over a chunk's entries are unrolled so that their loads are in flight
-// together (the sums keep their order): at decode the kernel is bound by load latency, 64 CTAs
-// for a GPU's worth of SMs (one a SM: __launch_bounds__ lets it use the registers).
 // Entry j of query row t's window list for a call of S rows at pos0, window W (as
 // window_index_cuda documents): a decode step's ring slots oldest first, else the last W
 // positions in [ring ; this call's rows]; -1 where there is none.
@@ -61,9 +54,18 @@ struct RopeArgs {
   }
 };
 
-__global__ void __launch_bounds__(kAttnThreads, 1) sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv_a,
-                                   int64_t n_a, const float* __restrict__ kv_b, const int32_t* __restrict__ idx, int64_t width, const float* __restrict__ sink,
-                                   float scale, const RopeArgs rope, const WindowArgs win, float* __restrict__ o) {
+// grid (H, S): one head of one query row. Per chunk: logits by warps (each warp's four entries
+// at once; each entry's row address kept in shared memory), the chunk max and the
+// probabilities by warp 0 (their sum in entry order by lane 0), then each thread forms the
+// chunk's value sum for its dims in entry order and folds it into the accumulator. The loops
+// over a row's dims and over a chunk's entries are unrolled so that their loads are in flight
+// together (the sums keep their order): at decode the kernel is bound by load latency, 64 CTAs
+// for a GPU's worth of SMs (one a SM: __launch_bounds__ lets it use the registers).
+__global__ void __launch_bounds__(kAttnThreads, 1)
+    sparse_attn_kernel(const float* __restrict__ q, int H, int64_t Dh, const float* __restrict__ kv_a, int64_t n_a,
+                       const float* __restrict__ kv_b, const int32_t* __restrict__ idx, int64_t width,
+                       const float* __restrict__ sink, float scale, const RopeArgs rope, const WindowArgs win,
+                       float* __restrict__ o) {
   cuda::await_inputs();
   extern __shared__ float smem[];
   float* qh = smem;       // [Dh]

@@ -67,7 +67,8 @@ Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, in
 // Window index lists for a call of S tokens at pos0 with window W into idx [S][ld] (columns
 // [0, width), width = pos0 == 0 ? min(S, W) : W): a prefill at 0 lists max(0, t-W+1)..t of this
 // call's rows; a decode step (pos0 > 0, S == 1) the ring oldest slot first; a later chunk the last
-// W positions in [ring ; this call's rows]; -1 padded.
+// W positions in [ring ; this call's rows]; -1 padded. (The model's attention has sparse_attn_cuda
+// make these entries itself, AttnWindow; this op is their definition and the tests' oracle.)
 Status window_index_cuda(const ExecCtx& ctx, DevScalar pos0, int64_t S, int64_t W, int32_t* idx, int64_t ld);
 // ring[(pos0 + t) mod W] = kv[t] for the last min(S, W) rows of kv [S][Dh].
 Status ring_write_cuda(const ExecCtx& ctx, const float* kv, DevScalar pos0, int64_t S, int64_t W, int64_t Dh,
