@@ -374,20 +374,12 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
                                                     cfg_.hc_eps, in_pre, norm, out_pre, post.get(), comb.get(), x));
     }
     hc_phase.reset();
-    call.defer_combine = next_norm != nullptr;  // a decode token's MoE output may stay in pieces
-    const Status done = body();
-    call.defer_combine = false;
-    RETURN_IF_ERROR(done);
+    RETURN_IF_ERROR(body());
     RETURN_IF_ERROR(split.join());
     Phase post_phase(*this, ctx, "hc_post");
     if (next_norm != nullptr) {  // the next sub-layer's pre is this one's (out_pre)
-      const std::optional<Call::Routed> routed = std::move(call.routed);  // freed after the launch
-      call.routed.reset();
-      kernels::hc::RoutedRows rows;
-      if (routed) rows = {routed->ye.get(), routed->experts.get(), routed->K};
-      RETURN_IF_ERROR(kernels::hc::post_pre_norm_cuda(ctx, routed ? routed->shared.get() : y.get(), h, post.get(),
-                                                      comb.get(), C, D, S, out_pre, next_norm, cfg_.norm_eps, h_alt, x,
-                                                      routed ? &rows : nullptr));
+      RETURN_IF_ERROR(kernels::hc::post_pre_norm_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, out_pre,
+                                                      next_norm, cfg_.norm_eps, h_alt, x));
     } else {
       RETURN_IF_ERROR(kernels::hc::post_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, h_alt));
     }

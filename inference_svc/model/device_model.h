@@ -15,7 +15,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -292,12 +291,11 @@ class DeviceModel {
   };
   bool experts_have_decode_gemvs(const ExpertTable& t) const;
   ExpertTable resident_table(const Layer& w, const int32_t* ids) const;  // ids: expert numbers
-  // The routed experts' rows of one decode token ([K][n_embd], route order) and, with the
-  // shared expert's output, y (moe::combine_routed_cuda) or, where call.defer_combine, the
-  // pieces left in call.routed. `shared`: the shared expert's output made on the branch `side`
-  // (joined before it is read), or empty: made here.
-  Status decode_experts(int l, Call& call, const float* x, const ExpertTable& t, DevBuf<int32_t>& experts,
-                        const float* weights, float* y, BranchScope* side, DevBuf<float> shared) const;
+  // `shared`: the shared expert's output on the branch `side` (joined before it is read), or
+  // null: run here.
+  Status decode_experts(int l, Call& call, const float* x, const ExpertTable& t, const int32_t* experts,
+                        const float* weights, float* y, BranchScope* side = nullptr,
+                        const float* shared = nullptr) const;
   // Layer l+1's router on layer l's MoE input, its picks copied to `host` (with the next sync).
   Status predict_next_layer(int l, Call& call, const float* x, int32_t* host) const;
   // The shared expert of S tokens x into out ([S][n_embd]), on ctx's stream.
@@ -382,17 +380,6 @@ struct DeviceModel::Call {
   const kernels::Branch* branch(int i) const {
     return segmenting == nullptr && seq.branches[i].ctx.cuda_stream != nullptr ? &seq.branches[i] : nullptr;
   }
-  // A resident decode token's MoE output left in pieces for its sub-layer's exit, which adds
-  // them up as it reads them (hc::post_pre_norm_cuda): moe() leaves them when defer_combine
-  // (block() sets it where that exit joins post to the next norm) instead of combining into y.
-  struct Routed {
-    DevBuf<float> ye;              // [K][n_embd], route order
-    DevBuf<int32_t> experts;       // [K]
-    DevBuf<float> shared;          // [n_embd]: the shared expert's output
-    int64_t K = 0;
-  };
-  bool defer_combine = false;
-  std::optional<Routed> routed;
   DevBuf<int32_t> topk;   // [S][topk_width], already + n_win, or -1
   int64_t topk_width = 0;
   DevBuf<uint8_t> cand;   // [S][cand_width]

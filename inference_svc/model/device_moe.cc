@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "inference_svc/model/device_model.h"
 #include "kernels/dequant/dequant.h"
-#include "kernels/hc/hc_cuda.h"
 #include "kernels/moe/moe_cuda.h"
 
 namespace dsflash::model {
@@ -110,11 +109,11 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
     ASSIGN_OR_RETURN(auto slots_d, DevBuf<int32_t>::make(ctx, K));
     RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, slots_d.get(), g.slots_host + l * K, K * sizeof(int32_t)));
     t.ids = slots_d.get();
-    return decode_experts(l, call, x, t, experts, weights.get(), y, nullptr, DevBuf<float>());
+    return decode_experts(l, call, x, t, experts.get(), weights.get(), y);
   }
   if (resident_decode) {
-    return decode_experts(l, call, x, resident_table(w, experts.get()), experts, weights.get(), y, &side,
-                          std::move(shared));
+    return decode_experts(l, call, x, resident_table(w, experts.get()), experts.get(), weights.get(), y, &side,
+                          side.on() ? shared.get() : nullptr);
   }
   std::vector<int32_t> e_h(static_cast<size_t>(S * K)), next_h;
   std::vector<float> w_h(static_cast<size_t>(S * K));
@@ -160,7 +159,7 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   ASSIGN_OR_RETURN(auto slots_d, DevBuf<int32_t>::make(ctx, K));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, slots_d.get(), slots.data(), K * sizeof(int32_t)));
   t.ids = slots_d.get();
-  return decode_experts(l, call, x, t, experts, weights.get(), y, nullptr, DevBuf<float>());
+  return decode_experts(l, call, x, t, experts.get(), weights.get(), y);
 }
 
 Status DeviceModel::acquire_routed_slots(int l, Call& call, const int32_t* experts, int32_t* slots) const {
@@ -311,8 +310,8 @@ bool DeviceModel::experts_have_decode_gemvs(const ExpertTable& t) const {
 
 // A decode token's K routed experts: gate, up and down each in one launch, rows in route order,
 // summed per token in ascending expert order with the shared expert's output.
-Status DeviceModel::decode_experts(int l, Call& call, const float* x, const ExpertTable& t, DevBuf<int32_t>& experts,
-                                   const float* weights, float* y, BranchScope* side, DevBuf<float> shared) const {
+Status DeviceModel::decode_experts(int l, Call& call, const float* x, const ExpertTable& t, const int32_t* experts,
+                                   const float* weights, float* y, BranchScope* side, const float* shared) const {
   const Layer& w = layers_[l];
   const config::LayerConfig& L = cfg_.layers[l];
   const ExecCtx& ctx = call.ctx;
@@ -336,17 +335,15 @@ Status DeviceModel::decode_experts(int l, Call& call, const float* x, const Expe
     RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
     RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.down, t.down_stride, t.ids, n, a.get(), F, ye.get(), D));
   }
-  if (shared.get() == nullptr) {
-    ASSIGN_OR_RETURN(shared, DevBuf<float>::make(ctx, D));
-    RETURN_IF_ERROR(shared_expert(w, L, ctx, 1, x, shared.get()));
+  DevBuf<float> own;
+  if (shared == nullptr) {
+    ASSIGN_OR_RETURN(own, DevBuf<float>::make(ctx, D));
+    RETURN_IF_ERROR(shared_expert(w, L, ctx, 1, x, own.get()));
+    shared = own.get();
   } else {
     RETURN_IF_ERROR(side->join());
   }
-  if (call.defer_combine && K <= kernels::hc::kMaxRoutedRows) {  // the sub-layer's exit adds them up (Call::Routed)
-    call.routed = Call::Routed{std::move(ye), std::move(experts), std::move(shared), K};
-    return absl::OkStatus();
-  }
-  return kernels::moe::combine_routed_cuda(ctx, ye.get(), experts.get(), shared.get(), 1, K, D, y);
+  return kernels::moe::combine_routed_cuda(ctx, ye.get(), experts, shared, 1, K, D, y);
 }
 
 // The shared expert on every token.

@@ -98,7 +98,7 @@ Status post_cuda(const ExecCtx&, const float*, const float*, const float*, const
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 Status post_pre_norm_cuda(const ExecCtx&, const float*, const float*, const float*, const float*, int, int64_t, int64_t,
-                          const float*, const float*, float, float*, float*, const RoutedRows*) {
+                          const float*, const float*, float, float*, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
 }  // namespace hc

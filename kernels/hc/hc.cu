@@ -8,7 +8,6 @@
 #include "kernels/hc/hc.h"
 #include "kernels/hc/hc_cuda.h"
 #include "kernels/hc/split_math.h"
-#include "kernels/moe/combine_math.cuh"
 #include "kernels/norm/norm_row.cuh"
 
 namespace dsflash::kernels::hc {
@@ -253,31 +252,17 @@ __global__ void __launch_bounds__(kThreads) post_pre_norm_kernel(const float* __
                                                                  const float* __restrict__ comb, int C, int64_t D,
                                                                  const float* __restrict__ pre,
                                                                  const float* __restrict__ norm_w, float eps, float* h,
-                                                                 float* __restrict__ y, const RoutedRows routed) {
+                                                                 float* __restrict__ y) {
   cuda::await_inputs();
   const int64_t t = blockIdx.x;
   const float *post_t = post + t * C, *comb_t = comb + t * C * C, *pre_t = pre + t * C;
-  __shared__ int order[moe::detail::kMaxRouted];  // the routed rows' summation order (ascending expert id)
-  const int K = static_cast<int>(routed.K);
-  if (routed.ye != nullptr) {
-    if (threadIdx.x == 0) {
-      int o[moe::detail::kMaxRouted];
-      moe::detail::routed_order(routed.experts + t * K, K, o);
-      for (int n = 0; n < moe::detail::kMaxRouted; ++n) order[n] = o[n];
-    }
-    __syncthreads();
-  }
-  const auto out_value = [&](int64_t d) {  // the sub-layer's output, value d
-    const float v = x[t * D + d];
-    return routed.ye == nullptr ? v : moe::detail::routed_sum(routed.ye, order, K, D, t, d, v);
-  };
   if (D <= kThreads * cuda::kRowRegs) {
     float xs[cuda::kRowRegs];
     row_regs<kThreads>(D, xs, [&](int64_t d) {
       float r[kMaxC];
 #pragma unroll
       for (int i = 0; i < kMaxC; ++i) r[i] = i < C ? res[(t * C + i) * D + d] : 0.0f;
-      const float xv = out_value(d);
+      const float xv = x[t * D + d];
       float acc = 0.0f;
 #pragma unroll
       for (int j = 0; j < kMaxC; ++j) {
@@ -296,7 +281,7 @@ __global__ void __launch_bounds__(kThreads) post_pre_norm_kernel(const float* __
     float r[kMaxC];
 #pragma unroll
     for (int i = 0; i < kMaxC; ++i) r[i] = i < C ? res[(t * C + i) * D + d] : 0.0f;
-    h[t * C * D + k] = post_value<kMaxC>(r, out_value(d), post_t, comb_t, C, static_cast<int>(k / D));
+    h[t * C * D + k] = post_value<kMaxC>(r, x[t * D + d], post_t, comb_t, C, static_cast<int>(k / D));
   }
   __syncthreads();
   pre_norm_token<kThreads>(h, pre, C, D, norm_w, eps, y, t);
@@ -424,24 +409,16 @@ Status post_cuda(const ExecCtx& ctx, const float* x, const float* res, const flo
 
 Status post_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, const float* post, const float* comb,
                           int C, int64_t D, int64_t S, const float* pre, const float* norm_w, float norm_eps, float* h,
-                          float* y, const RoutedRows* routed) {
+                          float* y) {
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
   if (C > Split::kMaxC) return absl::InvalidArgumentError(absl::StrCat("post_pre_norm_cuda: ", C, " streams"));
-  const RoutedRows rr = routed != nullptr ? *routed : RoutedRows{};
-  static_assert(kMaxRoutedRows == moe::detail::kMaxRouted);
-  if (rr.ye != nullptr && (rr.K <= 0 || rr.K > kMaxRoutedRows)) {
-    return absl::InvalidArgumentError(absl::StrCat("post_pre_norm_cuda: ", rr.K, " routed experts (at most ",
-                                                   kMaxRoutedRows, ")"));
-  }
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   return cuda::with_norm_threads(D, [&](auto threads) {
     constexpr int kThreads = decltype(threads)::value;
     const cuda::LaunchParams lp{dim3(static_cast<unsigned>(S)), dim3(kThreads), 0, st};
-    if (C <= 4) {
-      return cuda::launch(post_pre_norm_kernel<kThreads, 4>, lp, x, res, post, comb, C, D, pre, norm_w, norm_eps, h, y, rr);
-    }
+    if (C <= 4) return cuda::launch(post_pre_norm_kernel<kThreads, 4>, lp, x, res, post, comb, C, D, pre, norm_w, norm_eps, h, y);
     return cuda::launch(post_pre_norm_kernel<kThreads, Split::kMaxC>, lp, x, res, post, comb, C, D, pre, norm_w, norm_eps,
-                        h, y, rr);
+                        h, y);
   });
 }
 

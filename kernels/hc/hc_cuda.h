@@ -34,20 +34,10 @@ Status sublayer_in_cuda(const ExecCtx& ctx, const float* h, const float* fn, con
 // y[S][C][D] = bf16(post[t][j] x[t] + sum_i comb[t][i][j] res[t][i]), post [S][C], comb [S][C][C].
 Status post_cuda(const ExecCtx& ctx, const float* x, const float* res, const float* post, const float* comb, int C,
                  int64_t D, int64_t S, float* y);
-// A decode token's MoE output left in pieces (moe::combine_routed_cuda's inputs, x the shared
-// expert's rows): added up where post_pre_norm_cuda reads the sub-layer's output; K at most
-// kMaxRoutedRows.
-constexpr int64_t kMaxRoutedRows = 8;
-struct RoutedRows {
-  const float* ye = nullptr;         // [S][K][D], route order
-  const int32_t* experts = nullptr;  // [S][K]
-  int64_t K = 0;
-};
 // A sub-layer's exit joined to the next one's norm: post_cuda(x, res, post, comb) into h, then
-// pre_norm_cuda(h, pre, norm_w) into y, one block per token (one launch). With `routed`, the
-// sub-layer's output is combine_routed_cuda(routed's rows, shared = x) instead of x.
+// pre_norm_cuda(h, pre, norm_w) into y, one block per token (one launch).
 Status post_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, const float* post, const float* comb,
                           int C, int64_t D, int64_t S, const float* pre, const float* norm_w, float norm_eps, float* h,
-                          float* y, const RoutedRows* routed = nullptr);
+                          float* y);
 
 }  // namespace dsflash::kernels::hc

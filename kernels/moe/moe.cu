@@ -1,7 +1,6 @@
 // MoE kernels (see moe_cuda.h).
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/math.cuh"
-#include "kernels/moe/combine_math.cuh"
 #include "kernels/moe/moe_cuda.h"
 
 namespace dsflash::kernels::moe {
@@ -96,7 +95,18 @@ __global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= S * D) return;
   const int64_t t = i / D, d = i % D;
-  out[i] = detail::combine_routed_value(y, experts + t * K, K, D, t, d, shared[i]);
+  const int32_t* e = experts + t * K;
+  float acc = 0.0f;
+  int32_t prev = -1;
+  for (int64_t n = 0; n < K; ++n) {  // the next larger expert id each time (ids of a token are distinct)
+    int64_t best = -1;
+    for (int64_t k = 0; k < K; ++k) {
+      if (e[k] > prev && (best < 0 || e[k] < e[best])) best = k;
+    }
+    acc = __fadd_rn(acc, y[(t * K + best) * D + d]);
+    prev = e[best];
+  }
+  out[i] = cuda::round_bf16(__fadd_rn(acc, shared[i]));
 }
 
 cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {

@@ -18,7 +18,6 @@
 #include "kernels/norm/norm.h"
 #include "kernels/hc/hc.h"
 #include "kernels/hc/hc_cuda.h"
-#include "kernels/moe/moe_cuda.h"
 #include "kernels/norm/norm_cuda.h"
 #include "kernels/qdq/qdq.h"
 #include "kernels/qdq/qdq_cuda.h"
@@ -243,7 +242,7 @@ TEST_F(OpsCuda, QdqIsBitExact) {
 // The fused sub-layer forms equal the ops they join (checked against the CPU above), bit for
 // bit: mixes + split (a warp per token for C = 4; the two ops for C = 6) and hc pre + RMSNorm
 // (256 and 1024 threads per row), the sub-layer entry joining both, and the exit joining hc post
-// to the next sub-layer's pre + RMSNorm (also adding up a decode token's MoE pieces).
+// to the next sub-layer's pre + RMSNorm.
 TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
   std::mt19937 rng(23);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -300,22 +299,6 @@ TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
         sync();
         same(h4, h5, h.size(), "sub-layer exit: post");
         same(y4, y5, S * D, "sub-layer exit: pre + norm");
-        // The same with the sub-layer's output a decode token's MoE pieces (routed rows in route
-        // order, ids not sorted, the shared expert's rows in xo): as combining them first.
-        const int64_t K = 3;
-        std::vector<float> ye(static_cast<size_t>(S * K * D));
-        for (float& v : ye) v = quant::round_bf16(nd(rng));
-        std::vector<int32_t> ids(static_cast<size_t>(S * K));
-        for (int64_t t = 0; t < S; ++t) ids[t * K] = 7, ids[t * K + 1] = 2, ids[t * K + 2] = static_cast<int32_t>(4 + t);
-        float *dye = dev(ye), *z = dev(nan_d), *h6 = dev(nan_h), *h7 = dev(nan_h), *y6 = dev(nan_d), *y7 = dev(nan_d);
-        const int32_t* dids = dev(ids);
-        ASSERT_TRUE(moe::combine_routed_cuda(ctx(), dye, dids, dxo, S, K, D, z).ok());
-        ASSERT_TRUE(hc::post_pre_norm_cuda(ctx(), z, dh, post1, comb1, C, D, S, dw, dnw, 1e-6f, h6, y6).ok());
-        const hc::RoutedRows rows{dye, dids, K};
-        ASSERT_TRUE(hc::post_pre_norm_cuda(ctx(), dxo, dh, post1, comb1, C, D, S, dw, dnw, 1e-6f, h7, y7, &rows).ok());
-        sync();
-        same(h6, h7, h.size(), "sub-layer exit with the MoE pieces: post");
-        same(y6, y7, S * D, "sub-layer exit with the MoE pieces: pre + norm");
       }
     }
   }
