@@ -2,6 +2,8 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/attn/attn_cuda.h"
+#include "kernels/attn/attn_args.cuh"
+#include "kernels/attn/sparse_split.cuh"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/math.cuh"
 #include "kernels/norm/norm_row.cuh"
@@ -12,47 +14,12 @@ namespace dsflash::kernels::attn {
 namespace {
 
 using cuda::round_bf16;
+using namespace detail;
 
 constexpr int kChunk = 64;  // entries per online-softmax step, as the reference
 constexpr int kAttnThreads = 512;
 constexpr int kAttnWarps = kAttnThreads / 32;
 constexpr int kWarpEntries = kChunk / kAttnWarps;  // a chunk's entries per warp
-
-// Entry j of query row t's window list for a call of S rows at pos0, window W (as
-// window_index_cuda documents): a decode step's ring slots oldest first, else the last W
-// positions in [ring ; this call's rows]; -1 where there is none.
-__device__ __forceinline__ int32_t window_entry(int64_t pos0, int64_t S, int64_t W, int64_t t, int64_t j) {
-  if (pos0 > 0 && S == 1) {
-    const int64_t slot = (pos0 % W + 1 + j) % W;
-    return slot > pos0 ? -1 : static_cast<int32_t>(slot);
-  }
-  const int64_t p = pos0 + t, first = max(int64_t{0}, p - W + 1), q = first + j, ring_rows = pos0 > 0 ? W : 0;
-  return q <= p ? static_cast<int32_t>(q >= pos0 ? ring_rows + (q - pos0) : q % W) : -1;
-}
-
-// The window part of the lists made in the kernel (AttnWindow): entries [0, ww) of row t's
-// list are window_entry's, the rest idx[t][0 .. width - ww).
-struct WindowArgs {
-  int64_t ww, W;  // ww = 0: every entry from idx
-  int64_t pos0_value;
-  const int64_t* pos0_dev;
-};
-
-// The fused RoPE (AttnRope) of row t's tail in shared memory, as rope_kernel rotates it.
-struct RopeArgs {
-  const float* freqs;  // null: none
-  int half;
-  int64_t pos0_value;
-  const int64_t* pos0_dev;
-  __device__ __forceinline__ void rotate(float* row, int64_t Dh, int64_t t, bool inverse) const {
-    if (freqs == nullptr) return;
-    __syncthreads();
-    const float at = static_cast<float>(cuda::scalar_value(pos0_value, pos0_dev) + t);
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-      rope::detail::rotate_pair(row + Dh - 2 * half, i, at * freqs[i], inverse);
-    }
-  }
-};
 
 // grid (H, S): one head of one query row. Per chunk: logits by warps (each warp's four entries
 // at once; each entry's row address kept in shared memory), the chunk max and the
@@ -97,9 +64,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
     for (int i = 0; i < kWarpEntries; ++i) {
       const int k = warp + i * kAttnWarps;
       const int64_t e = c0 + k;
-      int32_t j = -1;
-      if (k < cn) j = e < win.ww ? window_entry(pos0, gridDim.y, win.W, t, e) : list[e - win.ww];
-      r[i] = j < 0 ? nullptr : (j < n_a ? kv_a + j * Dh : kv_b + (j - n_a) * Dh);
+      r[i] = k < cn ? kv_row(kv_a, n_a, kv_b, Dh, list_entry(win, pos0, gridDim.y, t, list, e)) : nullptr;
       dot[i] = 0.0f;
     }
 #pragma unroll 4
@@ -390,6 +355,9 @@ Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, in
       return absl::InvalidArgumentError("sparse_attn_cuda: RoPE dims must be even, positive and <= the head dim");
     }
     ra = RopeArgs{rope->freqs, rope->dims / 2, rope->pos0.value, rope->pos0.dev};
+  }
+  if (detail::split_applies(S, H, Dh, width, q, kv_a, kv_b, o)) {
+    return detail::sparse_attn_split(stream_of(ctx), q, S, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o, ra, wa);
   }
   const size_t smem = 2 * static_cast<size_t>(Dh) * sizeof(float);
   return cuda::launch(sparse_attn_kernel,

@@ -119,6 +119,44 @@ TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
   agree.check("sparse_attn");
 }
 
+// Lists with whole chunks of no entry, a row with none at all and a single-chunk list, on
+// shapes the split over chunks takes (heads in fours, Dh a multiple of 4): the chunks' partial
+// results merged must agree with the CPU's running sum as the single-launch kernel does.
+TEST_F(ModelOpsCuda, SplitSparseAttentionHandlesEmptyChunks) {
+  std::mt19937 rng(7);
+  Agreement agree;
+  struct Shape {
+    int64_t S;
+    int H;
+    int64_t Dh, n_rows, width;
+  };
+  for (const Shape& sh : {Shape{3, 8, 128, 90, 200}, Shape{2, 4, 64, 40, 64}, Shape{1, 64, 512, 300, 640}}) {
+    const std::vector<float> q = bf16_normal(rng, sh.S * sh.H * sh.Dh, 0.3f), kv = bf16_normal(rng, sh.n_rows * sh.Dh);
+    const std::vector<float> sink = bf16_normal(rng, sh.H);
+    std::vector<int32_t> idx(static_cast<size_t>(sh.S * sh.width));
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(sh.n_rows - 1));
+    for (int64_t t = 0; t < sh.S; ++t) {
+      for (int64_t e = 0; e < sh.width; ++e) {
+        const bool none = t == 1 || (e >= 64 && e < 128) || (sh.width > 128 && e >= sh.width - 70);
+        idx[t * sh.width + e] = none ? -1 : pick(rng);
+      }
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(sh.Dh));
+    std::vector<float> want(q.size());
+    for (int64_t t = 0; t < sh.S; ++t) {
+      attn::sparse_attn(&q[t * sh.H * sh.Dh], sh.H, sh.Dh, kv.data(), &idx[t * sh.width], sh.width, sink.data(), scale,
+                        &want[t * sh.H * sh.Dh]);
+    }
+    float* d_o = dev(nan_vec(q.size()));
+    const float* d_kv = dev(kv);
+    ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), dev(q), sh.S, sh.H, sh.Dh, d_kv, sh.n_rows / 2, d_kv + sh.n_rows / 2 * sh.Dh,
+                                       dev(idx), sh.width, dev(sink), scale, d_o).ok());
+    sync();
+    agree.add(want, to_host(d_o, want.size()), "split sparse_attn Dh=" + std::to_string(sh.Dh));
+  }
+  agree.check("split sparse_attn");
+}
+
 // The window rows' finish in one launch (kv_rows_cuda) equals RMSNorm, RoPE and FP8 QDQ as
 // separate launches bit for bit (rows of 64, 512 and 1056 values: the registers' and the
 // loop's norm, 256 and 1024 threads; position from the host and from device memory), and a
