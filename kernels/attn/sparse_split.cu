@@ -1,16 +1,18 @@
-// Sparse attention of a few query rows split over its lists' chunks (flash decoding).
+// Sparse attention of a few query rows split over its lists' chunks (flash decoding), with the
+// reference's arithmetic.
 //
 // The single-launch kernel (attn.cu) gives each (row, head) one CTA that walks the list's
 // chunks of 64 entries in turn, so a decode step is 64 CTAs each reading every listed KV row:
-// a chain of ~3 dependent load rounds and barriers per chunk, and 64 times the rows' bytes from
-// L2. Here a CTA takes one chunk of one row's list for kSplitHeads heads, which share the rows it
-// loads (the KV rows are the same for every head), and writes that chunk's partial result: its
-// max logit m_c, its sum of exp(logit - m_c) and its value sum over bf16(exp(logit - m_c)),
-// each formed in entry order as the reference forms a chunk's. A second kernel merges a head's
-// chunks in chunk order with weights exp(m_c - M), M the largest m_c, adds the sink and divides.
-// The reference instead rescales a running sum chunk by chunk and rounds the probabilities
-// against the running max, so results agree to fp32 rounding (bf16 outputs to an ulp where a
-// rounding boundary is crossed), not bit for bit; a one-chunk list gives the same operations.
+// a chain of dependent load rounds and barriers per chunk, and 64 times the rows' bytes from
+// L2. Here a CTA takes one chunk of one row's list for kHeads heads, which share the rows it
+// loads (the KV rows are the same for every head), in two launches:
+//   1. the chunk's logits and its max logit per head;
+//   2. the chunk's probabilities against the running max of the chunks up to it (known now),
+//      their sum and bf16 roundings, its value sum; the last CTA of a (row, head group) to
+//      finish then runs the reference's accumulation over the chunks in order (acc = acc *
+//      rescale + part, L likewise), the sink and the division.
+// Every rounding is the reference's, in its order, so the result is the single-launch
+// kernel's but for the logits' dot products (a tree over 16-byte slices of the row).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -32,9 +34,18 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kWarpEntries = kChunk / kWarps;
 constexpr int64_t kMaxDh = 1024;                     // q rows of the CTA's heads in 16 KB of shared memory
 constexpr int64_t kMaxScratch = int64_t{32} << 20;  // bytes of partial results a launch may take
-constexpr int64_t kMaxChunks = 4096;                // the merge's weights beside a row in shared memory
 
-struct ChunkArgs {
+// Scratch of a launch: per (row t, head h, chunk c) the logits, the chunk's max logit, its
+// value sum and its sum of probabilities; per (row, head group) the count of finished chunks.
+struct Scratch {
+  float* part;    // [S][H][chunks][Dh]
+  float* logits;  // [S][H][chunks][kChunk], -inf for no entry
+  float* cmax;    // [S][H][chunks]
+  float* psum;    // [S][H][chunks]
+  int* done;      // [S][H / kHeads]
+};
+
+struct SplitArgs {
   const float* q;
   int H;
   int64_t Dh;
@@ -43,40 +54,45 @@ struct ChunkArgs {
   const float* kv_b;
   const int32_t* idx;
   int64_t width;
+  const float* sink;
   float scale;
   RopeArgs rope;
   WindowArgs win;
   int64_t chunks;
-  float* part;  // [S][H][chunks][Dh]: the chunk's value sums
-  float* stat;  // [S][H][chunks][2]: the chunk's max logit and its sum of exp(logit - max)
+  Scratch x;
+  float* o;
 };
 
-// grid (chunks, H / kHeads, S). Logits by warps (each warp's kWarpEntries entries for the
-// kHeads heads at once, 16-byte loads), then per head one warp: the chunk max, the
-// probabilities, their sum in entry order (lane 0), their bf16 roundings; then each thread one
-// head's four dims of the value sum in entry order.
-__global__ void __launch_bounds__(kThreads) sparse_chunk_kernel(const __grid_constant__ ChunkArgs a) {
-  cuda::await_inputs();
-  extern __shared__ float4 q_smem[];  // [kHeads][Dh / 4]
-  __shared__ float logit[kHeads][kChunk], pb[kHeads][kChunk];
-  __shared__ const float* rows[kChunk];  // null: no entry
-  const int64_t c = blockIdx.x, t = blockIdx.z, S = gridDim.z, Dh = a.Dh, Dh4 = Dh / 4;
-  const int h0 = static_cast<int>(blockIdx.y) * kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t e0 = c * kChunk;
+// The CTA's chunk: how many entries it has and their rows (null: no entry) in shared memory.
+__device__ __forceinline__ int chunk_rows(const SplitArgs& a, int64_t c, int64_t t, const float** rows) {
+  const WindowArgs win = a.win;  // (a copy: a reference into the parameter would go through local memory)
+  const int64_t e0 = c * kChunk, pos0 = win.ww > 0 ? cuda::scalar_value(win.pos0_value, win.pos0_dev) : 0;
   const int cn = static_cast<int>(min(static_cast<int64_t>(kChunk), a.width - e0));
-  const WindowArgs win = a.win;  // (copies: a reference into the parameter would go through local memory)
-  const int64_t pos0 = win.ww > 0 ? cuda::scalar_value(win.pos0_value, win.pos0_dev) : 0;
   const int32_t* list = a.idx + t * (a.width - win.ww);
-  float* qs = reinterpret_cast<float*>(q_smem);
-  for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kThreads) qs[i] = a.q[(t * a.H + h0) * Dh + i];
   if (threadIdx.x < kChunk) {
     const int k = static_cast<int>(threadIdx.x);
-    rows[k] = k < cn ? kv_row(a.kv_a, a.n_a, a.kv_b, Dh, list_entry(win, pos0, S, t, list, e0 + k)) : nullptr;
+    rows[k] = k < cn ? kv_row(a.kv_a, a.n_a, a.kv_b, a.Dh, list_entry(win, pos0, gridDim.z, t, list, e0 + k)) : nullptr;
   }
+  return cn;
+}
+
+// grid (chunks, H / kHeads, S): the logits of one chunk of row t's list for kHeads heads (each
+// warp's kWarpEntries entries for all of them at once, 16-byte loads of the rows) and the
+// chunk's max logit per head. Chunk 0 also clears the row's count of finished chunks.
+__global__ void __launch_bounds__(kThreads) sparse_logits_kernel(const __grid_constant__ SplitArgs a) {
+  cuda::await_inputs();
+  extern __shared__ float4 q_smem[];  // [kHeads][Dh / 4]
+  __shared__ float logit[kHeads][kChunk];
+  __shared__ const float* rows[kChunk];
+  const int64_t c = blockIdx.x, t = blockIdx.z, Dh = a.Dh, Dh4 = Dh / 4;
+  const int h0 = static_cast<int>(blockIdx.y) * kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* qs = reinterpret_cast<float*>(q_smem);
+  for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kThreads) qs[i] = a.q[(t * a.H + h0) * Dh + i];
+  if (c == 0 && threadIdx.x == 0) a.x.done[t * (a.H / kHeads) + blockIdx.y] = 0;
+  const int cn = chunk_rows(a, c, t, rows);
   const RopeArgs rope = a.rope;
   for (int h = 0; h < kHeads; ++h) rope.rotate(qs + h * Dh, Dh, t, false);
   __syncthreads();
-
   float dot[kWarpEntries][kHeads] = {};
 #pragma unroll 2
   for (int64_t d4 = lane; d4 < Dh4; d4 += 32) {
@@ -105,28 +121,80 @@ __global__ void __launch_bounds__(kThreads) sparse_chunk_kernel(const __grid_con
     }
   }
   __syncthreads();
-
   if (warp < kHeads) {
     const int h = warp;
+    const int64_t at = (t * a.H + h0 + h) * a.chunks + c;
     float cmax = -INFINITY;
-    for (int k = lane; k < cn; k += 32) cmax = fmaxf(cmax, logit[h][k]);
-    for (int off = 16; off > 0; off >>= 1) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, off));
-    // No entry in the chunk: nothing to add (p = 0 rather than exp(-inf + inf)).
     for (int k = lane; k < kChunk; k += 32) {
-      logit[h][k] = k < cn && cmax > -INFINITY ? expf(logit[h][k] - cmax) : 0.0f;
+      a.x.logits[at * kChunk + k] = logit[h][k];
+      if (k < cn) cmax = fmaxf(cmax, logit[h][k]);
     }
+    for (int off = 16; off > 0; off >>= 1) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, off));
+    if (lane == 0) a.x.cmax[at] = cmax;
+  }
+}
+
+// The running max before chunk c and after it, as the reference's chunk loop has them.
+__device__ __forceinline__ void running_max(const float* cmax, int64_t c, float* before, float* after) {
+  float m = -1e30f;
+  for (int64_t i = 0; i < c; ++i) m = fmaxf(m, cmax[i]);
+  *before = m;
+  *after = fmaxf(m, cmax[c]);
+}
+
+// The last chunk's CTA of a (row, head group): the reference's accumulation over the chunks in
+// order (acc = acc * rescale + part, L likewise), the sink, the division, the inverse RoPE.
+__device__ void merge_chunks(const SplitArgs& a, int64_t t, int h0, float* out) {
+  const int64_t Dh = a.Dh;
+  for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kThreads) {
+    const int h = static_cast<int>(i / Dh);
+    const int64_t d = i % Dh, row = t * a.H + h0 + h;
+    const float* cmax = a.x.cmax + row * a.chunks;
+    float m = -1e30f, L = 0.0f, acc = 0.0f;
+    for (int64_t c = 0; c < a.chunks; ++c) {
+      const float m_new = fmaxf(m, __ldcg(cmax + c)), rescale = expf(m - m_new);
+      L = __fadd_rn(__fmul_rn(L, rescale), __ldcg(a.x.psum + row * a.chunks + c));
+      acc = __fadd_rn(__fmul_rn(acc, rescale), __ldcg(a.x.part + (row * a.chunks + c) * Dh + d));
+      m = m_new;
+    }
+    L = __fadd_rn(L, expf(a.sink[h0 + h] - m));
+    out[i] = round_bf16(__fdiv_rn(acc, L));
+  }
+  const RopeArgs rope = a.rope;
+  for (int h = 0; h < kHeads; ++h) rope.rotate(out + h * Dh, Dh, t, true);
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kThreads) a.o[(t * a.H + h0) * Dh + i] = out[i];
+}
+
+// grid (chunks, H / kHeads, S): the chunk's probabilities against the running max (as the
+// reference: p = exp(logit - max), their sum in entry order, bf16 p for the values), its value
+// sum (each thread four dims of one head, entries in order), then the last chunk's CTA to
+// finish merges them all (merge_chunks, in chunk order whichever finishes last).
+__global__ void __launch_bounds__(kThreads, 1) sparse_values_kernel(const __grid_constant__ SplitArgs a) {
+  cuda::await_inputs();
+  extern __shared__ float4 out_smem[];  // [kHeads][Dh] for merge_chunks
+  __shared__ float pb[kHeads][kChunk];
+  __shared__ const float* rows[kChunk];
+  __shared__ bool last;
+  const int64_t c = blockIdx.x, t = blockIdx.z, Dh = a.Dh, Dh4 = Dh / 4;
+  const int h0 = static_cast<int>(blockIdx.y) * kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int cn = chunk_rows(a, c, t, rows);
+  if (warp < kHeads) {
+    const int64_t row = t * a.H + h0 + warp, at = row * a.chunks + c;
+    float before, m_new;
+    running_max(a.x.cmax + row * a.chunks, c, &before, &m_new);
+    const float* lg = a.x.logits + at * kChunk;
+    for (int k = lane; k < kChunk; k += 32) pb[warp][k] = k < cn ? expf(lg[k] - m_new) : 0.0f;  // p, unrounded
     __syncwarp();
     if (lane == 0) {
       float psum = 0.0f;
-      for (int k = 0; k < cn; ++k) psum = __fadd_rn(psum, logit[h][k]);
-      float* st = a.stat + (((t * a.H + h0 + h) * a.chunks) + c) * 2;
-      st[0] = cmax;
-      st[1] = psum;
+      for (int k = 0; k < cn; ++k) psum = __fadd_rn(psum, pb[warp][k]);
+      a.x.psum[at] = psum;
     }
-    for (int k = lane; k < kChunk; k += 32) pb[h][k] = round_bf16(logit[h][k]);
+    __syncwarp();
+    for (int k = lane; k < kChunk; k += 32) pb[warp][k] = round_bf16(pb[warp][k]);
   }
   __syncthreads();
-
   for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kThreads) {
     const int h = static_cast<int>(i / Dh4);
     const int64_t d4 = i % Dh4;
@@ -142,48 +210,17 @@ __global__ void __launch_bounds__(kThreads) sparse_chunk_kernel(const __grid_con
       acc.z = __fadd_rn(acc.z, __fmul_rn(p, v.z));
       acc.w = __fadd_rn(acc.w, __fmul_rn(p, v.w));
     }
-    reinterpret_cast<float4*>(a.part + ((t * a.H + h0 + h) * a.chunks + c) * Dh)[d4] = acc;
+    reinterpret_cast<float4*>(a.x.part + ((t * a.H + h0 + h) * a.chunks + c) * Dh)[d4] = acc;
   }
-}
-
-struct MergeArgs {
-  int H;
-  int64_t Dh, chunks;
-  const float* part;
-  const float* stat;
-  const float* sink;
-  RopeArgs rope;
-  float* o;
-};
-
-// grid (H, S): head h of row t from its chunks' partial results, in chunk order; the output's
-// inverse RoPE as the single-launch kernel applies it.
-__global__ void sparse_merge_kernel(const __grid_constant__ MergeArgs a) {
-  cuda::await_inputs();
-  extern __shared__ float merge_smem[];
-  float* w = merge_smem;            // [chunks]: exp(m_c - M)
-  float* out = merge_smem + a.chunks;  // [Dh]
-  const int h = static_cast<int>(blockIdx.x);
-  const int64_t t = blockIdx.y, Dh = a.Dh, row = t * a.H + h;
-  const float* st = a.stat + row * a.chunks * 2;
-  float M = -INFINITY;
-  for (int64_t c = 0; c < a.chunks; ++c) M = fmaxf(M, st[2 * c]);
-  if (M == -INFINITY) M = -1e30f;  // no entry at all: the reference's starting max
-  for (int64_t c = threadIdx.x; c < a.chunks; c += blockDim.x) w[c] = expf(st[2 * c] - M);
+  // The last CTA of the (row, head group) to get here merges: every write above is visible
+  // device-wide before the count moves.
+  __threadfence();
   __syncthreads();
-  float L = 0.0f;
-  for (int64_t c = 0; c < a.chunks; ++c) L = __fadd_rn(L, __fmul_rn(st[2 * c + 1], w[c]));
-  L = __fadd_rn(L, expf(a.sink[h] - M));
-  const float* part = a.part + row * a.chunks * Dh;
-  for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) {
-    float v = 0.0f;
-    for (int64_t c = 0; c < a.chunks; ++c) v = __fadd_rn(v, __fmul_rn(part[c * Dh + d], w[c]));
-    out[d] = round_bf16(__fdiv_rn(v, L));
-  }
-  const RopeArgs rope = a.rope;
-  rope.rotate(out, Dh, t, true);
+  if (threadIdx.x == 0) last = atomicAdd(a.x.done + t * (a.H / kHeads) + blockIdx.y, 1) == a.chunks - 1;
   __syncthreads();
-  for (int64_t d = threadIdx.x; d < Dh; d += blockDim.x) a.o[row * Dh + d] = out[d];
+  if (!last) return;
+  __threadfence();
+  merge_chunks(a, t, h0, reinterpret_cast<float*>(out_smem));
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -200,33 +237,27 @@ bool split_off() {
 bool split_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, const float* kv_a, const float* kv_b,
                    const float* o) {
   if (split_off() || width <= 0 || H % kHeads != 0 || Dh % 4 != 0 || Dh > kMaxDh) return false;
-  if (chunks_of(width) > kMaxChunks) return false;
   if (!aligned16(q) || !aligned16(kv_a) || (kv_b != nullptr && !aligned16(kv_b)) || !aligned16(o)) return false;
-  return S * H * chunks_of(width) * (Dh + 2) * static_cast<int64_t>(sizeof(float)) <= kMaxScratch;
+  return S * H * chunks_of(width) * (Dh + kChunk + 2) * static_cast<int64_t>(sizeof(float)) <= kMaxScratch;
 }
 
 Status sparse_attn_split(cudaStream_t st, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a, int64_t n_a,
                          const float* kv_b, const int32_t* idx, int64_t width, const float* sink, float scale, float* o,
                          const RopeArgs& rope, const WindowArgs& win) {
-  const int64_t chunks = chunks_of(width);
-  float* part = nullptr;
-  float* stat = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&part, S * H * chunks * Dh * sizeof(float), st));
-  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&stat, S * H * chunks * 2 * sizeof(float), st));
+  const int64_t chunks = chunks_of(width), n = S * H * chunks;  // (row, head, chunk) triples
+  const int64_t floats = n * (Dh + kChunk + 2);
+  void* mem = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&mem, floats * sizeof(float) + S * (H / kHeads) * sizeof(int), st));
+  float* f = static_cast<float*>(mem);
+  const Scratch x{f, f + n * Dh, f + n * (Dh + kChunk), f + n * (Dh + kChunk + 1), reinterpret_cast<int*>(f + floats)};
+  const SplitArgs args{q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, chunks, x, o};
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(H / kHeads), static_cast<unsigned>(S));
+  const size_t smem = static_cast<size_t>(kHeads * Dh) * sizeof(float);
   const Status s = [&]() -> Status {
-    const ChunkArgs ca{q, H, Dh, kv_a, n_a, kv_b, idx, width, scale, rope, win, chunks, part, stat};
-    const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(H / kHeads), static_cast<unsigned>(S));
-    RETURN_IF_ERROR(cuda::launch(sparse_chunk_kernel,
-                                 cuda::LaunchParams{grid, dim3(kThreads), static_cast<size_t>(kHeads * Dh) * sizeof(float), st},
-                                 ca));
-    const MergeArgs ma{H, Dh, chunks, part, stat, sink, rope, o};
-    return cuda::launch(sparse_merge_kernel,
-                        cuda::LaunchParams{dim3(static_cast<unsigned>(H), static_cast<unsigned>(S)), dim3(256),
-                                           static_cast<size_t>(chunks + Dh) * sizeof(float), st},
-                        ma);
+    RETURN_IF_ERROR(cuda::launch(sparse_logits_kernel, cuda::LaunchParams{grid, dim3(kThreads), smem, st}, args));
+    return cuda::launch(sparse_values_kernel, cuda::LaunchParams{grid, dim3(kThreads), smem, st}, args);
   }();
-  (void)cudaFreeAsync(part, st);
-  (void)cudaFreeAsync(stat, st);
+  (void)cudaFreeAsync(mem, st);
   return s;
 }
 

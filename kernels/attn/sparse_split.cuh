@@ -17,8 +17,8 @@ namespace dsflash::kernels::attn::detail {
 bool split_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, const float* kv_a, const float* kv_b,
                    const float* o);
 
-// sparse_attn_cuda's result for such a call: two launches on st (the chunks' partial results
-// in stream-ordered scratch, then their merge).
+// sparse_attn_cuda's result for such a call: two launches on st (the chunks' logits, then their
+// values and the merge), their scratch stream-ordered.
 Status sparse_attn_split(cudaStream_t st, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a, int64_t n_a,
                          const float* kv_b, const int32_t* idx, int64_t width, const float* sink, float scale, float* o,
                          const RopeArgs& rope, const WindowArgs& win);
