@@ -382,29 +382,10 @@ struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
-  int prefetch;  // prefetch_tile's depth
 };
-
-// The L2 fetch of the first `depth` blocks each warp multiplies in its CTA's first tile (lane
-// (g, t): row g or g + 8, a block's first or second 128-byte line), issued before the split so
-// that the weights stream while x is split (dense weights: before the wait for the inputs too,
-// as they are no earlier kernel's output).
-template <class Block, int kSlices>
-__device__ __forceinline__ void prefetch_tile(const LinearParams& p, int tiles_per_cta, int64_t n_blocks, int depth) {
-  constexpr int kGroups = cta_warps<kSlices>() / kSlices;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * tiles_per_cta * kGroups + warp / kSlices) * 16;
-  if (r0 >= p.rows) return;
-  const int64_t row = min(r0 + (lane >> 2) + ((lane & 2) ? 8 : 0), p.rows - 1);
-  const uint8_t* w = p.w + row * p.row_bytes + ((lane & 1) ? 128 : 0);
-  for (int64_t blk = slice, j = 0; j < depth && blk < n_blocks; blk += kSlices, ++j) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(w + blk * Block::kBytes));
-  }
-}
 
 template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
-  prefetch_tile<Q4KBlock, kSlices>(b.p[blockIdx.y], b.tiles_per_cta, b.n_blocks, b.prefetch);
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x<32>(p.x, b.n_blocks);
@@ -424,7 +405,6 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
-  int prefetch;  // prefetch_tile's depth
 };
 
 template <class Block, int kSlices>
@@ -437,7 +417,6 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  prefetch_tile<Block, kSlices>(p, b.tiles_per_cta, b.n_blocks, b.prefetch);
   const XDigits x = split_x<16>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
@@ -521,16 +500,6 @@ struct Q3KExpertsMma {
   static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
 };
 
-// prefetch_tile's depth (DSF_GEMV_PREFETCH, for measurement: 0 none, 1 each warp's first block,
-// 2 every block of the first tile).
-int prefetch_depth() {
-  static const int depth = [] {
-    const long long v = env_int("DSF_GEMV_PREFETCH", 1);
-    return v <= 0 ? 0 : v == 1 ? 1 : 1 << 20;
-  }();
-  return depth;
-}
-
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 2 the tensor cores at every size,
 // else (default 1) where they pay.
 int mma_mode() {
@@ -561,7 +530,6 @@ bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows,
 Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
-  b.prefetch = prefetch_depth();
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
   // At most 8 slices (DSF_MMA_Q4K_SLICES, for measurement): on the H200 the attention output's
@@ -586,7 +554,7 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1, prefetch_depth()};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
