@@ -34,6 +34,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kWarpEntries = kChunk / kWarps;
 constexpr int64_t kMaxDh = 1024;                     // q rows of the CTA's heads in 16 KB of shared memory
 constexpr int64_t kMaxScratch = int64_t{32} << 20;  // bytes of partial results a launch may take
+constexpr int64_t kMaxChunks = 1024;                // the merge's rescales in 16 KB of shared memory
 
 // Scratch of a launch: per (row t, head h, chunk c) the logits, the chunk's max logit, its
 // value sum and its sum of probabilities; per (row, head group) the count of finished chunks.
@@ -143,22 +144,46 @@ __device__ __forceinline__ void running_max(const float* cmax, int64_t c, float*
 }
 
 // The last chunk's CTA of a (row, head group): the reference's accumulation over the chunks in
-// order (acc = acc * rescale + part, L likewise), the sink, the division, the inverse RoPE.
-__device__ void merge_chunks(const SplitArgs& a, int64_t t, int h0, float* out) {
-  const int64_t Dh = a.Dh;
-  for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kThreads) {
-    const int h = static_cast<int>(i / Dh);
-    const int64_t d = i % Dh, row = t * a.H + h0 + h;
-    const float* cmax = a.x.cmax + row * a.chunks;
-    float m = -1e30f, L = 0.0f, acc = 0.0f;
-    for (int64_t c = 0; c < a.chunks; ++c) {
-      const float m_new = fmaxf(m, __ldcg(cmax + c)), rescale = expf(m - m_new);
-      L = __fadd_rn(__fmul_rn(L, rescale), __ldcg(a.x.psum + row * a.chunks + c));
-      acc = __fadd_rn(__fmul_rn(acc, rescale), __ldcg(a.x.part + (row * a.chunks + c) * Dh + d));
+// order (acc = acc * rescale + part, L likewise), the sink, the division, the inverse RoPE. Per
+// head one lane forms the chunks' rescales and L; then each thread four dims of one head, their
+// chunks' value sums loaded ahead of the (ordered) accumulation.
+__device__ void merge_chunks(const SplitArgs& a, int64_t t, int h0, float* out, float* rescale) {
+  __shared__ float s_L[kHeads];
+  const int64_t Dh = a.Dh, Dh4 = Dh / 4, n = a.chunks;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (warp < kHeads && lane == 0) {
+    const int64_t row = t * a.H + h0 + warp;
+    const float *cmax = a.x.cmax + row * n, *psum = a.x.psum + row * n;
+    float m = -1e30f, L = 0.0f;
+    for (int64_t c = 0; c < n; ++c) {
+      const float m_new = fmaxf(m, __ldcg(cmax + c)), r = expf(m - m_new);
+      rescale[warp * n + c] = r;
+      L = __fadd_rn(__fmul_rn(L, r), __ldcg(psum + c));
       m = m_new;
     }
-    L = __fadd_rn(L, expf(a.sink[h0 + h] - m));
-    out[i] = round_bf16(__fdiv_rn(acc, L));
+    s_L[warp] = __fadd_rn(L, expf(a.sink[h0 + warp] - m));
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kThreads) {
+    const int h = static_cast<int>(i / Dh4);
+    const int64_t d4 = i % Dh4;
+    const float4* part = reinterpret_cast<const float4*>(a.x.part + (t * a.H + h0 + h) * n * Dh) + d4;
+    const float* r = rescale + h * n;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+    for (int64_t c = 0; c < n; ++c) {
+      const float4 v = __ldcg(part + c * Dh4);
+      acc.x = __fadd_rn(__fmul_rn(acc.x, r[c]), v.x);
+      acc.y = __fadd_rn(__fmul_rn(acc.y, r[c]), v.y);
+      acc.z = __fadd_rn(__fmul_rn(acc.z, r[c]), v.z);
+      acc.w = __fadd_rn(__fmul_rn(acc.w, r[c]), v.w);
+    }
+    const float L = s_L[h];
+    float* o = out + h * Dh + 4 * d4;
+    o[0] = round_bf16(__fdiv_rn(acc.x, L));
+    o[1] = round_bf16(__fdiv_rn(acc.y, L));
+    o[2] = round_bf16(__fdiv_rn(acc.z, L));
+    o[3] = round_bf16(__fdiv_rn(acc.w, L));
   }
   const RopeArgs rope = a.rope;
   for (int h = 0; h < kHeads; ++h) rope.rotate(out + h * Dh, Dh, t, true);
@@ -172,7 +197,7 @@ __device__ void merge_chunks(const SplitArgs& a, int64_t t, int h0, float* out) 
 // finish merges them all (merge_chunks, in chunk order whichever finishes last).
 __global__ void __launch_bounds__(kThreads, 1) sparse_values_kernel(const __grid_constant__ SplitArgs a) {
   cuda::await_inputs();
-  extern __shared__ float4 out_smem[];  // [kHeads][Dh] for merge_chunks
+  extern __shared__ float4 out_smem[];  // [kHeads][Dh] and [kHeads][chunks] for merge_chunks
   __shared__ float pb[kHeads][kChunk];
   __shared__ const float* rows[kChunk];
   __shared__ bool last;
@@ -220,7 +245,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_values_kernel(const __grid
   __syncthreads();
   if (!last) return;
   __threadfence();
-  merge_chunks(a, t, h0, reinterpret_cast<float*>(out_smem));
+  float* out = reinterpret_cast<float*>(out_smem);
+  merge_chunks(a, t, h0, out, out + kHeads * Dh);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -237,6 +263,7 @@ bool split_off() {
 bool split_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, const float* kv_a, const float* kv_b,
                    const float* o) {
   if (split_off() || width <= 0 || H % kHeads != 0 || Dh % 4 != 0 || Dh > kMaxDh) return false;
+  if (chunks_of(width) > kMaxChunks) return false;
   if (!aligned16(q) || !aligned16(kv_a) || (kv_b != nullptr && !aligned16(kv_b)) || !aligned16(o)) return false;
   return S * H * chunks_of(width) * (Dh + kChunk + 2) * static_cast<int64_t>(sizeof(float)) <= kMaxScratch;
 }
@@ -253,9 +280,10 @@ Status sparse_attn_split(cudaStream_t st, const float* q, int64_t S, int H, int6
   const SplitArgs args{q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, chunks, x, o};
   const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(H / kHeads), static_cast<unsigned>(S));
   const size_t smem = static_cast<size_t>(kHeads * Dh) * sizeof(float);
+  const size_t merge_smem = smem + static_cast<size_t>(kHeads * chunks) * sizeof(float);
   const Status s = [&]() -> Status {
     RETURN_IF_ERROR(cuda::launch(sparse_logits_kernel, cuda::LaunchParams{grid, dim3(kThreads), smem, st}, args));
-    return cuda::launch(sparse_values_kernel, cuda::LaunchParams{grid, dim3(kThreads), smem, st}, args);
+    return cuda::launch(sparse_values_kernel, cuda::LaunchParams{grid, dim3(kThreads), merge_smem, st}, args);
   }();
   (void)cudaFreeAsync(mem, st);
   return s;
