@@ -26,6 +26,7 @@
 #include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
+#include "kernels/moe/swiglu_math.cuh"
 
 namespace dsflash::kernels {
 namespace {
@@ -92,16 +93,32 @@ __device__ __forceinline__ void mins_table(const XDigits& d, int64_t n_blocks) {
 // Splits x ([n_blocks][256], 16-byte aligned) into the CTA's shared memory, one warp per block
 // (lane l: columns 8l .. 8l + 7), and returns where it lies once every warp has written it
 // (and the mins' operand of kSub-column sub-blocks, mins_table).
+// Where split_x reads x: the values themselves, or (up non-null) the SwiGLU of x as gate and up
+// (moe::detail::swiglu_value with the limit and the product's route weight w): the values
+// swiglu_cuda would write, formed where they are split.
+struct XSource {
+  const float* x;
+  const float* up = nullptr;
+  float limit = 0.0f, w = 1.0f;
+};
+
 template <int kSub>
-__device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
+__device__ __forceinline__ XDigits split_x(const XSource& src, int64_t n_blocks) {
   extern __shared__ __align__(16) uint8_t smem[];
   const XDigits d{reinterpret_cast<int8_t*>(smem), reinterpret_cast<int32_t*>(smem + n_blocks * kDigits * kQRow),
                   reinterpret_cast<float*>(smem + n_blocks * kDigits * (kQRow + 16 * 4))};
   const int lane = threadIdx.x & 31;
   for (int64_t blk = threadIdx.x >> 5; blk < n_blocks; blk += blockDim.x >> 5) {
-    const float4* x4 = reinterpret_cast<const float4*>(x + blk * 256 + 8 * lane);
+    const float4* x4 = reinterpret_cast<const float4*>(src.x + blk * 256 + 8 * lane);
     const float4 u = x4[0], w = x4[1];
-    const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+    float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+    if (src.up != nullptr) {
+      const float4* up4 = reinterpret_cast<const float4*>(src.up + blk * 256 + 8 * lane);
+      const float4 a = up4[0], b = up4[1];
+      const float up[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = moe::detail::swiglu_value(v[i], up[i], src.limit, src.w);
+    }
     // max |v| by the magnitudes' bits (ordered as the floats; a NaN or infinity is >= 0x7f800000).
     unsigned mbits = 0;
 #pragma unroll
@@ -388,7 +405,7 @@ template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
-  const XDigits x = split_x<32>(p.x, b.n_blocks);
+  const XDigits x = split_x<32>(XSource{p.x}, b.n_blocks);
   mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
@@ -405,6 +422,7 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
+  ExpertGlu glu;  // up non-null: x is SwiGLU(gate = x, up) (the experts' down)
 };
 
 template <class Block, int kSlices>
@@ -417,7 +435,13 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  const XDigits x = split_x<16>(p.x, b.n_blocks);
+  XSource src{p.x};
+  if (b.glu.up != nullptr) {
+    src.up = b.glu.up + k * b.x_stride;
+    src.limit = b.glu.limit;
+    src.w = b.glu.weights != nullptr ? b.glu.weights[k] : 1.0f;
+  }
+  const XDigits x = split_x<16>(src, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
@@ -550,11 +574,12 @@ bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n
 
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2, float* y2,
-                          int64_t expert_bytes2) {
+                          int64_t expert_bytes2, const ExpertGlu& glu) {
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
+  if (glu.up != nullptr && w2 != nullptr) return absl::InvalidArgumentError("launch_experts_mma: SwiGLU input with two weights");
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1, glu};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);

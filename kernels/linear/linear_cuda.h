@@ -67,6 +67,17 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
                                const float* x, int64_t x_stride, float* y, int64_t y_stride,
                                OutRound round = OutRound::kBf16);
 
+// The routed experts' down over their SwiGLU: y + k y_stride = W_{ids[k]} s_k for k < n, s_k =
+// moe swiglu of gate + k x_stride and up + k x_stride (limit, weights[k]; weights null = 1),
+// the values moe::swiglu_cuda would write into gate, formed inside the GEMV's digit split (one
+// launch fewer; gate and up are not written). Where linear_experts_swiglu_applies (the
+// tensor-core expert GEMV takes the launch; gate, up 16-byte aligned), else Unimplemented:
+// callers then run swiglu_cuda and linear_experts_cuda.
+bool linear_experts_swiglu_applies(const Weight& w, int64_t expert_bytes, int n);
+Status linear_experts_swiglu_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
+                                  const float* gate, const float* up, int64_t x_stride, float limit,
+                                  const float* weights, float* y, int64_t y_stride, OutRound round = OutRound::kBf16);
+
 // Gate and up of n routed experts on one x (a decode token): y_gate + k y_stride = G_{ids[k]} x
 // and y_up + k y_stride = U_{ids[k]} x, as linear_experts_cuda twice; one launch (and one digit
 // split of x) where the tensor-core GEMV takes them.

@@ -33,12 +33,21 @@ Status launch_decode_gemv(const ExecCtx& ctx, quant::GgmlType type, const Linear
 // products; DSF_GEMV_MMA, linear_cuda.h).
 Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n);
 bool gemv_mma_applies(const LinearParams* p, int n);
+// A SwiGLU input of the experts' down GEMV: product k's x is moe swiglu of the gate rows it is
+// given (x + k x_stride) and up + k x_stride, with the limit and weights[k] (null: 1).
+struct ExpertGlu {
+  const float* up = nullptr;  // null: x as it is
+  const float* weights = nullptr;
+  float limit = 0.0f;
+};
+
 // The routed experts' Q2_K / Q3_K GEMV on the integer tensor cores (linear_experts_cuda's
 // arguments; p: expert 0's rows, product 0's x and y), where experts_mma_applies; with w2
-// (x_stride 0), a second weight of p's shape over the same ids and x into y2, in one launch.
+// (x_stride 0), a second weight of p's shape over the same ids and x into y2, in one launch;
+// with glu.up, x formed from gate and up (not with w2).
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2 = nullptr,
-                          float* y2 = nullptr, int64_t expert_bytes2 = 0);
+                          float* y2 = nullptr, int64_t expert_bytes2 = 0, const ExpertGlu& glu = ExpertGlu{});
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n);
 
 }  // namespace dsflash::kernels
