@@ -27,6 +27,7 @@
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
 #include "kernels/moe/swiglu_math.cuh"
+#include "kernels/norm/norm_row.cuh"
 
 namespace dsflash::kernels {
 namespace {
@@ -399,13 +400,36 @@ struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
+  // norm_w non-null (one product, 256 threads a CTA): x is first RMS-normalised as
+  // rms_norm_cuda does it (cuda::rms_norm_row<256>) into shared memory beside the digits;
+  // CTA 0 also writes the normalised row to x_normed (if non-null).
+  const float* norm_w;
+  float norm_eps;
+  float* x_normed;
 };
+
+// Bytes of dynamic shared memory a tensor-core GEMV CTA takes: the digits of n_blocks blocks,
+// and with a normalised input its row (16-byte aligned) after them.
+__host__ __device__ constexpr size_t digits_smem(int64_t n_blocks) { return static_cast<size_t>(n_blocks * kBlockSmem + 15) / 16 * 16; }
 
 template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
-  const XDigits x = split_x<32>(XSource{p.x}, b.n_blocks);
+  XSource src{p.x};
+  if constexpr (cta_warps<kSlices>() == 8) {
+    if (b.norm_w != nullptr) {
+      extern __shared__ __align__(16) uint8_t smem[];
+      float* row = reinterpret_cast<float*>(smem + digits_smem(b.n_blocks));
+      cuda::rms_norm_row<256>(p.x, b.norm_w, p.cols, b.norm_eps, row);
+      __syncthreads();
+      if (blockIdx.x == 0 && b.x_normed != nullptr) {
+        for (int64_t i = threadIdx.x; i < p.cols; i += 256) b.x_normed[i] = row[i];
+      }
+      src.x = row;
+    }
+  }
+  const XDigits x = split_x<32>(src, b.n_blocks);
   mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
@@ -463,11 +487,11 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
 // full wave of resident CTAs (more tiles share one digit split; fewer CTAs than a wave leave
 // memory bandwidth unused: wo_b at 2 tiles a CTA, 160 CTAs, took 8 % longer).
 template <template <int> class K, int kSlices, typename Arg>
-Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
+Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg, size_t extra_smem) {
   constexpr int kCtaWarps = cta_warps<kSlices>();
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;  // as mma_tiles
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-  const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
+  const size_t smem = digits_smem(n_blocks) + extra_smem;
   ASSIGN_OR_RETURN(const int per_sm, resident_ctas(reinterpret_cast<const void*>(K<kSlices>::fn), kCtaWarps * 32, smem));
   const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sm_count());
   arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, tiles * n / wave));
@@ -501,13 +525,14 @@ int slices_for(int64_t n_blocks, int64_t group_products, int max_slices) {
 }
 
 template <template <int> class K, typename Arg>
-Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg, int max_slices = 16) {
+Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg, int max_slices = 16,
+                  size_t extra_smem = 0) {
   switch (slices_for(n_blocks, (rows + 15) / 16 * n, max_slices)) {
-    case 16: return launch_slices<K, 16>(rows, n_blocks, n, st, arg);
-    case 8: return launch_slices<K, 8>(rows, n_blocks, n, st, arg);
-    case 4: return launch_slices<K, 4>(rows, n_blocks, n, st, arg);
-    case 2: return launch_slices<K, 2>(rows, n_blocks, n, st, arg);
-    default: return launch_slices<K, 1>(rows, n_blocks, n, st, arg);
+    case 16: return launch_slices<K, 16>(rows, n_blocks, n, st, arg, extra_smem);
+    case 8: return launch_slices<K, 8>(rows, n_blocks, n, st, arg, extra_smem);
+    case 4: return launch_slices<K, 4>(rows, n_blocks, n, st, arg, extra_smem);
+    case 2: return launch_slices<K, 2>(rows, n_blocks, n, st, arg, extra_smem);
+    default: return launch_slices<K, 1>(rows, n_blocks, n, st, arg, extra_smem);
   }
 }
 
@@ -551,11 +576,22 @@ Status check_blocks(int64_t n_blocks) {
 
 bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows, p[0].cols, n); }
 
-Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
+bool q4k_mma_norm_fits(int64_t cols) {
+  return cols % 256 == 0 && cols / 256 <= kMaxMmaBlocks &&
+         digits_smem(cols / 256) + static_cast<size_t>(cols) * sizeof(float) <= 46 * 1024;
+}
+
+Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n, const MmaNorm* norm) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
+  size_t extra_smem = 0;
+  if (norm != nullptr) {
+    if (n != 1) return absl::InvalidArgumentError("launch_q4k_mma: a normalised input for one product only");
+    b.norm_w = norm->w, b.norm_eps = norm->eps, b.x_normed = norm->x_normed;
+    extra_smem = static_cast<size_t>(p[0].cols) * sizeof(float);
+  }
   // At most 8 slices (DSF_MMA_Q4K_SLICES, for measurement): on the H200 the attention output's
   // products and the shared expert's gate and up took 2.14 ms a token at 8 against 2.48 at 16
   // (eager kernel time; 16 rows a CTA either way, half the warps splitting x at 8).
@@ -565,7 +601,9 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
     while (m < 16 && 2 * m <= v) m *= 2;
     return m;
   }();
-  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b, max_slices);
+  // A normalised input needs 256 threads a CTA (rms_norm_row<256>, as rms_norm_cuda): 8 slices at most.
+  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b,
+                            norm != nullptr ? std::min(max_slices, kWarps) : max_slices, extra_smem);
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {

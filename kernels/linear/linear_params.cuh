@@ -31,7 +31,16 @@ Status launch_decode_gemv(const ExecCtx& ctx, quant::GgmlType type, const Linear
 // The Q4_K decode GEMV on the integer tensor cores (gemv_mma.cu), for products
 // decode_gemv_applies takes; launch_decode_gemv uses it where gemv_mma_applies (large
 // products; DSF_GEMV_MMA, linear_cuda.h).
-Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n);
+// With norm (one product), x is RMS-normalised first as rms_norm_cuda does it, and the
+// normalised row also written to norm->x_normed (if non-null; not x).
+struct MmaNorm {
+  const float* w;
+  float eps;
+  float* x_normed;
+};
+Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n, const MmaNorm* norm = nullptr);
+// Whether a normalised input of `cols` fits a CTA's shared memory beside its digits.
+bool q4k_mma_norm_fits(int64_t cols);
 bool gemv_mma_applies(const LinearParams* p, int n);
 // A SwiGLU input of the experts' down GEMV: product k's x is moe swiglu of the gate rows it is
 // given (x + k x_stride) and up + k x_stride, with the limit and weights[k] (null: 1).
