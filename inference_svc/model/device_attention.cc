@@ -199,16 +199,9 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   // Query.
   ASSIGN_OR_RETURN(auto qr, DevBuf<float>::make(ctx, S * cfg_.q_lora_rank));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));
-  ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * H * Dh));  // its RoPE is fused into sparse attention
-  DevBuf<float> qn;  // q_norm(qr) where wq_b's GEMV normalises its input itself (one token)
-  if (S == 1 && kernels::linear_rms_normed_applies(w.wq_b)) {
-    ASSIGN_OR_RETURN(qn, DevBuf<float>::make(ctx, cfg_.q_lora_rank));
-    RETURN_IF_ERROR(kernels::linear_rms_normed_cuda(ctx, w.wq_b, qr.get(), w.q_norm, cfg_.norm_eps, qn.get(), q.get()));
-  } else {
-    RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
-    RETURN_IF_ERROR(dev_linear(ctx, w.wq_b, qr.get(), S, q.get()));
-  }
-  const float* q_normed = qn.get() != nullptr ? qn.get() : qr.get();
+  RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
+  ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * H * Dh));
+  RETURN_IF_ERROR(dev_linear(ctx, w.wq_b, qr.get(), S, q.get()));  // its RoPE is fused into sparse attention
   RETURN_IF_ERROR(side.join());
   DevBuf<float> joined;  // a later prefill chunk: [ring before this call ; this call's rows]
   const float* kv_a = pos0 == 0 ? kv.get() : st.ring.get();
@@ -221,7 +214,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   if (!decode) RETURN_IF_ERROR(kernels::attn::ring_write_cuda(ctx, kv.get(), pos, S, W, Dh, st.ring.get()));
   proj.reset();
   const float* kv_b = nullptr;
-  if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, q_normed, latent.get(), n_new, kv_b));
+  if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), latent.get(), n_new, kv_b));
   Phase sparse(*this, ctx, "attention.sparse_and_output");
   // Sparse attention with the sink over [window ; published top-k] (the window entries made
   // in the kernel, q's RoPE and the output's inverse RoPE there too), the grouped output.

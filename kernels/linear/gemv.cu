@@ -565,54 +565,6 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
   return linear_experts_cuda(ctx, up, up_bytes, ids, n, x, 0, y_up, y_stride, round);
 }
 
-namespace {
-
-// DSF_FUSED_INPUTS=0 (measurement): no GEMV forms its input (RMSNorm, SwiGLU) itself.
-bool fused_inputs_on() {
-  static const bool on = cuda::env_int("DSF_FUSED_INPUTS", 1) != 0;
-  return on;
-}
-
-}  // namespace
-
-bool linear_rms_normed_applies(const Weight& w) {
-  const LinearParams p = one_token(w, nullptr, nullptr, OutRound::kF32);
-  return fused_inputs_on() && w.type == GgmlType::kQ4_K && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
-         w.row_bytes % 16 == 0 &&
-         gemv_mma_applies(&p, 1) && q4k_mma_norm_fits(w.cols);
-}
-
-Status linear_rms_normed_cuda(const ExecCtx& ctx, const Weight& w, const float* x, const float* norm_w, float eps,
-                              float* x_normed, float* y, OutRound round) {
-  if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_rms_normed_cuda needs a CUDA context");
-  if (!linear_rms_normed_applies(w) || reinterpret_cast<uintptr_t>(x) % 16 != 0 || x_normed == x) {
-    return absl::UnimplementedError(absl::StrCat("linear_rms_normed_cuda: no tensor-core GEMV with a norm for ",
-                                                 quant::traits(w.type).name, " ", w.rows, " x ", w.cols, " here"));
-  }
-  const LinearParams p = one_token(w, x, y, round);
-  const MmaNorm norm{norm_w, eps, x_normed};
-  return launch_q4k_mma(ctx, &p, 1, &norm);
-}
-
-bool linear_experts_swiglu_applies(const Weight& w, int64_t expert_bytes, int n) {
-  return fused_inputs_on() && n > 0 && experts_mma_fits(w, expert_bytes, n) && linear_experts_supported(w, expert_bytes) &&
-         experts_mma_applies(w.type, w.rows, w.cols, n);
-}
-
-Status linear_experts_swiglu_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
-                                  const float* gate, const float* up, int64_t x_stride, float limit,
-                                  const float* weights, float* y, int64_t y_stride, OutRound round) {
-  if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_experts_swiglu_cuda needs a CUDA context");
-  const bool aligned = reinterpret_cast<uintptr_t>(gate) % 16 == 0 && reinterpret_cast<uintptr_t>(up) % 16 == 0 &&
-                       x_stride % 4 == 0;
-  if (!linear_experts_swiglu_applies(w, expert_bytes, n) || !aligned) {
-    return absl::UnimplementedError(
-        absl::StrCat("linear_experts_swiglu_cuda: no tensor-core expert GEMV for ", quant::traits(w.type).name, " here"));
-  }
-  return launch_experts_mma(ctx, w.type, one_token(w, gate, y, round), ids, expert_bytes, n, x_stride, y_stride, nullptr,
-                            nullptr, 0, ExpertGlu{up, weights, limit});
-}
-
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {
   const LinearParams p = one_token(w, nullptr, nullptr, OutRound::kF32);
   const int64_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;

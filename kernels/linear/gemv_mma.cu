@@ -26,8 +26,6 @@
 #include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
-#include "kernels/moe/swiglu_math.cuh"
-#include "kernels/norm/norm_row.cuh"
 
 namespace dsflash::kernels {
 namespace {
@@ -94,32 +92,16 @@ __device__ __forceinline__ void mins_table(const XDigits& d, int64_t n_blocks) {
 // Splits x ([n_blocks][256], 16-byte aligned) into the CTA's shared memory, one warp per block
 // (lane l: columns 8l .. 8l + 7), and returns where it lies once every warp has written it
 // (and the mins' operand of kSub-column sub-blocks, mins_table).
-// Where split_x reads x: the values themselves, or (up non-null) the SwiGLU of x as gate and up
-// (moe::detail::swiglu_value with the limit and the product's route weight w): the values
-// swiglu_cuda would write, formed where they are split.
-struct XSource {
-  const float* x;
-  const float* up = nullptr;
-  float limit = 0.0f, w = 1.0f;
-};
-
 template <int kSub>
-__device__ __forceinline__ XDigits split_x(const XSource& src, int64_t n_blocks) {
+__device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
   extern __shared__ __align__(16) uint8_t smem[];
   const XDigits d{reinterpret_cast<int8_t*>(smem), reinterpret_cast<int32_t*>(smem + n_blocks * kDigits * kQRow),
                   reinterpret_cast<float*>(smem + n_blocks * kDigits * (kQRow + 16 * 4))};
   const int lane = threadIdx.x & 31;
   for (int64_t blk = threadIdx.x >> 5; blk < n_blocks; blk += blockDim.x >> 5) {
-    const float4* x4 = reinterpret_cast<const float4*>(src.x + blk * 256 + 8 * lane);
+    const float4* x4 = reinterpret_cast<const float4*>(x + blk * 256 + 8 * lane);
     const float4 u = x4[0], w = x4[1];
-    float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
-    if (src.up != nullptr) {
-      const float4* up4 = reinterpret_cast<const float4*>(src.up + blk * 256 + 8 * lane);
-      const float4 a = up4[0], b = up4[1];
-      const float up[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = moe::detail::swiglu_value(v[i], up[i], src.limit, src.w);
-    }
+    const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
     // max |v| by the magnitudes' bits (ordered as the floats; a NaN or infinity is >= 0x7f800000).
     unsigned mbits = 0;
 #pragma unroll
@@ -400,36 +382,13 @@ struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
-  // norm_w non-null (one product, 256 threads a CTA): x is first RMS-normalised as
-  // rms_norm_cuda does it (cuda::rms_norm_row<256>) into shared memory beside the digits;
-  // CTA 0 also writes the normalised row to x_normed (if non-null).
-  const float* norm_w;
-  float norm_eps;
-  float* x_normed;
 };
-
-// Bytes of dynamic shared memory a tensor-core GEMV CTA takes: the digits of n_blocks blocks,
-// and with a normalised input its row (16-byte aligned) after them.
-__host__ __device__ constexpr size_t digits_smem(int64_t n_blocks) { return static_cast<size_t>(n_blocks * kBlockSmem + 15) / 16 * 16; }
 
 template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
-  XSource src{p.x};
-  if constexpr (cta_warps<kSlices>() == 8) {
-    if (b.norm_w != nullptr) {
-      extern __shared__ __align__(16) uint8_t smem[];
-      float* row = reinterpret_cast<float*>(smem + digits_smem(b.n_blocks));
-      cuda::rms_norm_row<256>(p.x, b.norm_w, p.cols, b.norm_eps, row);
-      __syncthreads();
-      if (blockIdx.x == 0 && b.x_normed != nullptr) {
-        for (int64_t i = threadIdx.x; i < p.cols; i += 256) b.x_normed[i] = row[i];
-      }
-      src.x = row;
-    }
-  }
-  const XDigits x = split_x<32>(src, b.n_blocks);
+  const XDigits x = split_x<32>(p.x, b.n_blocks);
   mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
@@ -446,7 +405,6 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
-  ExpertGlu glu;  // up non-null: x is SwiGLU(gate = x, up) (the experts' down)
 };
 
 template <class Block, int kSlices>
@@ -459,13 +417,7 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  XSource src{p.x};
-  if (b.glu.up != nullptr) {
-    src.up = b.glu.up + k * b.x_stride;
-    src.limit = b.glu.limit;
-    src.w = b.glu.weights != nullptr ? b.glu.weights[k] : 1.0f;
-  }
-  const XDigits x = split_x<16>(src, b.n_blocks);
+  const XDigits x = split_x<16>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
@@ -487,11 +439,11 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
 // full wave of resident CTAs (more tiles share one digit split; fewer CTAs than a wave leave
 // memory bandwidth unused: wo_b at 2 tiles a CTA, 160 CTAs, took 8 % longer).
 template <template <int> class K, int kSlices, typename Arg>
-Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg, size_t extra_smem) {
+Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
   constexpr int kCtaWarps = cta_warps<kSlices>();
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;  // as mma_tiles
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-  const size_t smem = digits_smem(n_blocks) + extra_smem;
+  const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
   ASSIGN_OR_RETURN(const int per_sm, resident_ctas(reinterpret_cast<const void*>(K<kSlices>::fn), kCtaWarps * 32, smem));
   const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sm_count());
   arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, tiles * n / wave));
@@ -525,14 +477,13 @@ int slices_for(int64_t n_blocks, int64_t group_products, int max_slices) {
 }
 
 template <template <int> class K, typename Arg>
-Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg, int max_slices = 16,
-                  size_t extra_smem = 0) {
+Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg, int max_slices = 16) {
   switch (slices_for(n_blocks, (rows + 15) / 16 * n, max_slices)) {
-    case 16: return launch_slices<K, 16>(rows, n_blocks, n, st, arg, extra_smem);
-    case 8: return launch_slices<K, 8>(rows, n_blocks, n, st, arg, extra_smem);
-    case 4: return launch_slices<K, 4>(rows, n_blocks, n, st, arg, extra_smem);
-    case 2: return launch_slices<K, 2>(rows, n_blocks, n, st, arg, extra_smem);
-    default: return launch_slices<K, 1>(rows, n_blocks, n, st, arg, extra_smem);
+    case 16: return launch_slices<K, 16>(rows, n_blocks, n, st, arg);
+    case 8: return launch_slices<K, 8>(rows, n_blocks, n, st, arg);
+    case 4: return launch_slices<K, 4>(rows, n_blocks, n, st, arg);
+    case 2: return launch_slices<K, 2>(rows, n_blocks, n, st, arg);
+    default: return launch_slices<K, 1>(rows, n_blocks, n, st, arg);
   }
 }
 
@@ -576,22 +527,11 @@ Status check_blocks(int64_t n_blocks) {
 
 bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows, p[0].cols, n); }
 
-bool q4k_mma_norm_fits(int64_t cols) {
-  return cols % 256 == 0 && cols / 256 <= kMaxMmaBlocks &&
-         digits_smem(cols / 256) + static_cast<size_t>(cols) * sizeof(float) <= 46 * 1024;
-}
-
-Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n, const MmaNorm* norm) {
+Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
-  size_t extra_smem = 0;
-  if (norm != nullptr) {
-    if (n != 1) return absl::InvalidArgumentError("launch_q4k_mma: a normalised input for one product only");
-    b.norm_w = norm->w, b.norm_eps = norm->eps, b.x_normed = norm->x_normed;
-    extra_smem = static_cast<size_t>(p[0].cols) * sizeof(float);
-  }
   // At most 8 slices (DSF_MMA_Q4K_SLICES, for measurement): on the H200 the attention output's
   // products and the shared expert's gate and up took 2.14 ms a token at 8 against 2.48 at 16
   // (eager kernel time; 16 rows a CTA either way, half the warps splitting x at 8).
@@ -601,9 +541,7 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n, const Mm
     while (m < 16 && 2 * m <= v) m *= 2;
     return m;
   }();
-  // A normalised input needs 256 threads a CTA (rms_norm_row<256>, as rms_norm_cuda): 8 slices at most.
-  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b,
-                            norm != nullptr ? std::min(max_slices, kWarps) : max_slices, extra_smem);
+  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b, max_slices);
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
@@ -612,12 +550,11 @@ bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n
 
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2, float* y2,
-                          int64_t expert_bytes2, const ExpertGlu& glu) {
+                          int64_t expert_bytes2) {
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  if (glu.up != nullptr && w2 != nullptr) return absl::InvalidArgumentError("launch_experts_mma: SwiGLU input with two weights");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1, glu};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);

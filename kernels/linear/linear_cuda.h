@@ -67,28 +67,6 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
                                const float* x, int64_t x_stride, float* y, int64_t y_stride,
                                OutRound round = OutRound::kBf16);
 
-// y = W rms_norm(x) for one token (x and norm_w [w.cols]): the RMSNorm as rms_norm_cuda computes
-// it, formed inside the tensor-core GEMV (one launch fewer), and x_normed (not x; null: not
-// kept) receives the normalised row. Where linear_rms_normed_applies (Q4_K products the
-// tensor-core GEMV takes, the row beside its digits in a CTA's shared memory; x 16-byte
-// aligned; DSF_FUSED_INPUTS=0 turns it off for measurement), else Unimplemented: callers then
-// run rms_norm_cuda and linear_cuda.
-bool linear_rms_normed_applies(const Weight& w);
-Status linear_rms_normed_cuda(const ExecCtx& ctx, const Weight& w, const float* x, const float* norm_w, float eps,
-                              float* x_normed, float* y, OutRound round = OutRound::kBf16);
-
-// The routed experts' down over their SwiGLU: y + k y_stride = W_{ids[k]} s_k for k < n, s_k =
-// moe swiglu of gate + k x_stride and up + k x_stride (limit, weights[k]; weights null = 1),
-// the values moe::swiglu_cuda would write into gate, formed inside the GEMV's digit split (one
-// launch fewer; gate and up are not written). Where linear_experts_swiglu_applies (the
-// tensor-core expert GEMV takes the launch; gate, up 16-byte aligned; not with
-// DSF_FUSED_INPUTS=0), else Unimplemented:
-// callers then run swiglu_cuda and linear_experts_cuda.
-bool linear_experts_swiglu_applies(const Weight& w, int64_t expert_bytes, int n);
-Status linear_experts_swiglu_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
-                                  const float* gate, const float* up, int64_t x_stride, float limit,
-                                  const float* weights, float* y, int64_t y_stride, OutRound round = OutRound::kBf16);
-
 // Gate and up of n routed experts on one x (a decode token): y_gate + k y_stride = G_{ids[k]} x
 // and y_up + k y_stride = U_{ids[k]} x, as linear_experts_cuda twice; one launch (and one digit
 // split of x) where the tensor-core GEMV takes them.

@@ -31,32 +31,14 @@ Status launch_decode_gemv(const ExecCtx& ctx, quant::GgmlType type, const Linear
 // The Q4_K decode GEMV on the integer tensor cores (gemv_mma.cu), for products
 // decode_gemv_applies takes; launch_decode_gemv uses it where gemv_mma_applies (large
 // products; DSF_GEMV_MMA, linear_cuda.h).
-// With norm (one product), x is RMS-normalised first as rms_norm_cuda does it, and the
-// normalised row also written to norm->x_normed (if non-null; not x).
-struct MmaNorm {
-  const float* w;
-  float eps;
-  float* x_normed;
-};
-Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n, const MmaNorm* norm = nullptr);
-// Whether a normalised input of `cols` fits a CTA's shared memory beside its digits.
-bool q4k_mma_norm_fits(int64_t cols);
+Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n);
 bool gemv_mma_applies(const LinearParams* p, int n);
-// A SwiGLU input of the experts' down GEMV: product k's x is moe swiglu of the gate rows it is
-// given (x + k x_stride) and up + k x_stride, with the limit and weights[k] (null: 1).
-struct ExpertGlu {
-  const float* up = nullptr;  // null: x as it is
-  const float* weights = nullptr;
-  float limit = 0.0f;
-};
-
 // The routed experts' Q2_K / Q3_K GEMV on the integer tensor cores (linear_experts_cuda's
 // arguments; p: expert 0's rows, product 0's x and y), where experts_mma_applies; with w2
-// (x_stride 0), a second weight of p's shape over the same ids and x into y2, in one launch;
-// with glu.up, x formed from gate and up (not with w2).
+// (x_stride 0), a second weight of p's shape over the same ids and x into y2, in one launch.
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2 = nullptr,
-                          float* y2 = nullptr, int64_t expert_bytes2 = 0, const ExpertGlu& glu = ExpertGlu{});
+                          float* y2 = nullptr, int64_t expert_bytes2 = 0);
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n);
 
 }  // namespace dsflash::kernels

@@ -12,8 +12,6 @@
 #include "tests/kernels/cuda_test_util.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_cuda.h"
-#include "kernels/moe/moe_cuda.h"
-#include "kernels/norm/norm_cuda.h"
 
 namespace dsflash::kernels {
 namespace {
@@ -447,123 +445,6 @@ TEST_P(LinearCuda, ExpertGateAndUpMatchCpu) {
   }
   cudaStreamDestroy(s);
   for (void* p : std::initializer_list<void*>{dg, du, dx, di, dyg, dyu}) cudaFree(p);
-}
-
-// y = W rms_norm(x) with the norm formed inside the tensor-core GEMV equals rms_norm_cuda then
-// linear_cuda bit for bit, and the normalised row it keeps equals rms_norm_cuda's, at the
-// released q_b shape (1,280 -> 32,768) and 2,048 -> 8,192; types it does not take are refused.
-TEST_P(LinearCuda, RmsNormedProductEqualsTheTwoOps) {
-  const GgmlType type = GetParam();
-  struct Shape {
-    int64_t K, N;
-  };
-  for (const Shape sh : {Shape{1280, 32768}, Shape{2048, 8192}}) {
-    const uint64_t rb = *quant::row_bytes(type, sh.K);
-    std::mt19937 rng(1213 + static_cast<int>(type));
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> wf(static_cast<size_t>(sh.K * sh.N)), x(static_cast<size_t>(sh.K)), nw(x.size());
-    std::vector<uint8_t> w(rb * sh.N);
-    for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(sh.K));
-    ASSERT_TRUE(quant::encode_row(type, wf.data(), w.data(), sh.K * sh.N).ok());
-    for (float& v : x) v = quant::round_bf16(5.0f * nd(rng));
-    for (float& v : nw) v = quant::round_bf16(1.0f + 0.1f * nd(rng));
-    const Weight wd{type, sh.K, sh.N, to_device(w), rb};
-    float* dx = to_device(x);
-    float* dn = to_device(nw);
-    float* kept = to_device(std::vector<float>(x.size(), std::nanf("")));
-    float* fused = to_device(std::vector<float>(sh.N, std::nanf("")));
-    float* apart = to_device(std::vector<float>(sh.N, std::nanf("")));
-    cudaStream_t s;
-    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    const ExecCtx ctx{Backend::kCuda, s};
-    if (!linear_rms_normed_applies(wd)) {
-      EXPECT_EQ(linear_rms_normed_cuda(ctx, wd, dx, dn, 1e-6f, kept, fused).code(), absl::StatusCode::kUnimplemented);
-      EXPECT_NE(type, GgmlType::kQ4_K) << "the tensor-core Q4_K GEMV";
-    } else {
-      ASSERT_TRUE(linear_rms_normed_cuda(ctx, wd, dx, dn, 1e-6f, kept, fused).ok());
-      ASSERT_TRUE(rms_norm_cuda(ctx, dx, dn, 1, sh.K, 1e-6f, dx).ok());
-      ASSERT_TRUE(linear_cuda(ctx, wd, dx, 1, apart).ok());
-      std::vector<float> a(sh.N), b(sh.N), k1(x.size()), k2(x.size());
-      ASSERT_EQ(cudaMemcpyAsync(a.data(), fused, a.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-      ASSERT_EQ(cudaMemcpyAsync(b.data(), apart, b.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-      ASSERT_EQ(cudaMemcpyAsync(k1.data(), kept, k1.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-      ASSERT_EQ(cudaMemcpyAsync(k2.data(), dx, k2.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      EXPECT_EQ(std::memcmp(k1.data(), k2.data(), k1.size() * 4), 0) << "the kept normalised row";
-      size_t differ = 0;
-      for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], 4) != 0 || std::isnan(a[i]);
-      EXPECT_EQ(differ, 0u) << sh.K << " -> " << sh.N;
-    }
-    cudaStreamDestroy(s);
-    for (void* p : std::initializer_list<void*>{dx, dn, kept, fused, apart}) cudaFree(p);
-    cudaFree(const_cast<uint8_t*>(wd.data));
-  }
-}
-
-// The experts' down over their SwiGLU formed inside the tensor-core GEMV equals swiglu_cuda
-// then linear_experts_cuda bit for bit (the same values reach the same digit split), with and
-// without the clamp and route weights, at the released shape (Q3_K and Q2_K, 2,304 -> 5,120)
-// and a smaller one (1,024 -> 4,096); gate and up are left as they were. Types the tensor-core
-// expert GEMV does not take are refused (Unimplemented).
-TEST_P(LinearCuda, ExpertDownOverSwigluEqualsTheTwoOps) {
-  const GgmlType type = GetParam();
-  const int64_t E = 5;
-  const int n = 4;
-  struct Shape {
-    int64_t K, N;
-  };
-  for (const Shape sh : {Shape{2304, 5120}, Shape{1024, 4096}}) {
-    const uint64_t rb = *quant::row_bytes(type, sh.K);
-    std::mt19937 rng(911 + static_cast<int>(type));
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> wf(static_cast<size_t>(sh.K * sh.N * E)), g(static_cast<size_t>(sh.K * n)), u(g.size());
-    std::vector<uint8_t> w(rb * sh.N * E);
-    for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(sh.K));
-    ASSERT_TRUE(quant::encode_row(type, wf.data(), w.data(), sh.K * sh.N * E).ok());
-    for (float& v : g) v = quant::round_bf16(3.0f * nd(rng));
-    for (float& v : u) v = quant::round_bf16(3.0f * nd(rng));
-    const std::vector<int32_t> ids = {4, 0, 2, 2};
-    const std::vector<float> route = {0.5f, 1.25f, 0.75f, 2.0f};
-    const int64_t eb = static_cast<int64_t>(rb * sh.N);
-    const Weight wd{type, sh.K, sh.N, to_device(w), rb};
-    if (!linear_experts_swiglu_applies(wd, eb, n)) {
-      EXPECT_EQ(linear_experts_swiglu_cuda(ExecCtx{Backend::kCuda, nullptr}, wd, eb, to_device(ids), n, to_device(g),
-                                           to_device(u), sh.K, 0.0f, nullptr, to_device(g), sh.N)
-                    .code(),
-                absl::StatusCode::kUnimplemented);
-      EXPECT_FALSE(type == GgmlType::kQ2_K || type == GgmlType::kQ3_K) << "the tensor-core expert GEMV types";
-      continue;
-    }
-    cudaStream_t s;
-    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    const ExecCtx ctx{Backend::kCuda, s};
-    for (const float limit : {0.0f, 4.0f}) {
-      for (const bool weighted : {false, true}) {
-        float* dg = to_device(g);
-        float* du = to_device(u);
-        float* di_w = weighted ? to_device(route) : nullptr;
-        int32_t* di = to_device(ids);
-        float* fused = to_device(std::vector<float>(sh.N * n, std::nanf("")));
-        float* apart = to_device(std::vector<float>(sh.N * n, std::nanf("")));
-        ASSERT_TRUE(linear_experts_swiglu_cuda(ctx, wd, eb, di, n, dg, du, sh.K, limit, di_w, fused, sh.N).ok());
-        std::vector<float> g_after(g.size());
-        ASSERT_EQ(cudaMemcpyAsync(g_after.data(), dg, g.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-        ASSERT_TRUE(moe::swiglu_cuda(ctx, dg, du, n, sh.K, limit, di_w).ok());
-        ASSERT_TRUE(linear_experts_cuda(ctx, wd, eb, di, n, dg, sh.K, apart, sh.N).ok());
-        std::vector<float> a(sh.N * n), b(sh.N * n);
-        ASSERT_EQ(cudaMemcpyAsync(a.data(), fused, a.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-        ASSERT_EQ(cudaMemcpyAsync(b.data(), apart, b.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        EXPECT_EQ(std::memcmp(g_after.data(), g.data(), g.size() * 4), 0) << "gate was written";
-        size_t differ = 0;
-        for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &b[i], 4) != 0 || std::isnan(a[i]);
-        EXPECT_EQ(differ, 0u) << sh.K << " -> " << sh.N << " limit " << limit << " weighted " << weighted;
-        for (void* p : std::initializer_list<void*>{dg, du, di_w, di, fused, apart}) cudaFree(p);
-      }
-    }
-    cudaStreamDestroy(s);
-    cudaFree(const_cast<uint8_t*>(wd.data));
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,
