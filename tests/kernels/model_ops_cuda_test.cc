@@ -84,23 +84,26 @@ std::vector<T> copy_back(const T* d, size_t n) {
   return h;
 }
 
-using ModelOpsCuda = testing::CudaStreamTest;
+struct AttnShape {
+  int64_t S;
+  int H;
+  int64_t Dh, n_rows, width;
+};
 
-TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
-  std::mt19937 rng(1);
-  Agreement agree;
-  struct Shape {
-    int64_t S;
-    int H;
-    int64_t Dh, n_rows, width;
-  };
-  for (const Shape& sh : {Shape{1, 1, 17, 5, 1}, Shape{3, 2, 31, 40, 17}, Shape{2, 3, 64, 300, 65},
-                          Shape{1, 64, 512, 700, 640}, Shape{5, 4, 512, 257, 257}, Shape{17, 2, 128, 100, 200}}) {
+class ModelOpsCuda : public testing::CudaStreamTest {
+ protected:
+  // Sparse attention of random bf16 q, kv rows and sinks over lists whose entries entry(t, e,
+  // rng, pick) makes (-1: none), rows split between two sources at n_rows / div (window rows ;
+  // compressed cache): the GPU's output against the CPU's, into agree.
+  template <typename Entry>
+  void sparse_attn_case(const AttnShape& sh, std::mt19937& rng, int64_t div, const Entry& entry, Agreement* agree) {
     const std::vector<float> q = bf16_normal(rng, sh.S * sh.H * sh.Dh, 0.3f), kv = bf16_normal(rng, sh.n_rows * sh.Dh);
     const std::vector<float> sink = bf16_normal(rng, sh.H);
     std::vector<int32_t> idx(static_cast<size_t>(sh.S * sh.width));
     std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(sh.n_rows - 1));
-    for (int32_t& j : idx) j = rng() % 7 == 0 ? -1 : pick(rng);
+    for (int64_t t = 0; t < sh.S; ++t) {
+      for (int64_t e = 0; e < sh.width; ++e) idx[t * sh.width + e] = entry(t, e, rng, pick);
+    }
     const float scale = 1.0f / std::sqrt(static_cast<float>(sh.Dh));
     std::vector<float> want(q.size());
     for (int64_t t = 0; t < sh.S; ++t) {
@@ -108,13 +111,23 @@ TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
                         &want[t * sh.H * sh.Dh]);
     }
     float* d_o = dev(nan_vec(q.size()));
-    // Rows split between two sources at n_a (window rows ; compressed cache).
-    const int64_t n_a = sh.n_rows / 3;
+    const int64_t n_a = sh.n_rows / div;
     const float* d_kv = dev(kv);
     ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), dev(q), sh.S, sh.H, sh.Dh, d_kv, n_a, d_kv + n_a * sh.Dh, dev(idx), sh.width,
                                        dev(sink), scale, d_o).ok());
     sync();
-    agree.add(want, to_host(d_o, want.size()), "sparse_attn Dh=" + std::to_string(sh.Dh));
+    agree->add(want, to_host(d_o, want.size()), "sparse_attn Dh=" + std::to_string(sh.Dh));
+  }
+};
+
+TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
+  std::mt19937 rng(1);
+  Agreement agree;
+  for (const AttnShape& sh : {AttnShape{1, 1, 17, 5, 1}, AttnShape{3, 2, 31, 40, 17}, AttnShape{2, 3, 64, 300, 65},
+                              AttnShape{1, 64, 512, 700, 640}, AttnShape{5, 4, 512, 257, 257},
+                              AttnShape{17, 2, 128, 100, 200}}) {
+    sparse_attn_case(sh, rng, 3, [](int64_t, int64_t, std::mt19937& r, auto& pick) { return r() % 7 == 0 ? -1 : pick(r); },
+                     &agree);
   }
   agree.check("sparse_attn");
 }
@@ -125,34 +138,13 @@ TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
 TEST_F(ModelOpsCuda, SplitSparseAttentionHandlesEmptyChunks) {
   std::mt19937 rng(7);
   Agreement agree;
-  struct Shape {
-    int64_t S;
-    int H;
-    int64_t Dh, n_rows, width;
-  };
-  for (const Shape& sh : {Shape{3, 8, 128, 90, 200}, Shape{2, 4, 64, 40, 64}, Shape{1, 64, 512, 300, 640}}) {
-    const std::vector<float> q = bf16_normal(rng, sh.S * sh.H * sh.Dh, 0.3f), kv = bf16_normal(rng, sh.n_rows * sh.Dh);
-    const std::vector<float> sink = bf16_normal(rng, sh.H);
-    std::vector<int32_t> idx(static_cast<size_t>(sh.S * sh.width));
-    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(sh.n_rows - 1));
-    for (int64_t t = 0; t < sh.S; ++t) {
-      for (int64_t e = 0; e < sh.width; ++e) {
-        const bool none = t == 1 || (e >= 64 && e < 128) || (sh.width > 128 && e >= sh.width - 70);
-        idx[t * sh.width + e] = none ? -1 : pick(rng);
-      }
-    }
-    const float scale = 1.0f / std::sqrt(static_cast<float>(sh.Dh));
-    std::vector<float> want(q.size());
-    for (int64_t t = 0; t < sh.S; ++t) {
-      attn::sparse_attn(&q[t * sh.H * sh.Dh], sh.H, sh.Dh, kv.data(), &idx[t * sh.width], sh.width, sink.data(), scale,
-                        &want[t * sh.H * sh.Dh]);
-    }
-    float* d_o = dev(nan_vec(q.size()));
-    const float* d_kv = dev(kv);
-    ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), dev(q), sh.S, sh.H, sh.Dh, d_kv, sh.n_rows / 2, d_kv + sh.n_rows / 2 * sh.Dh,
-                                       dev(idx), sh.width, dev(sink), scale, d_o).ok());
-    sync();
-    agree.add(want, to_host(d_o, want.size()), "split sparse_attn Dh=" + std::to_string(sh.Dh));
+  for (const AttnShape& sh : {AttnShape{3, 8, 128, 90, 200}, AttnShape{2, 4, 64, 40, 64}, AttnShape{1, 64, 512, 300, 640}}) {
+    sparse_attn_case(sh, rng, 2,
+                     [&](int64_t t, int64_t e, std::mt19937& r, auto& pick) {
+                       const bool none = t == 1 || (e >= 64 && e < 128) || (sh.width > 128 && e >= sh.width - 70);
+                       return none ? -1 : pick(r);
+                     },
+                     &agree);
   }
   agree.check("split sparse_attn");
 }
