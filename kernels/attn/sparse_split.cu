@@ -135,12 +135,11 @@ __global__ void __launch_bounds__(kThreads) sparse_logits_kernel(const __grid_co
   }
 }
 
-// The running max before chunk c and after it, as the reference's chunk loop has them.
-__device__ __forceinline__ void running_max(const float* cmax, int64_t c, float* before, float* after) {
+// The running max after chunk c (the max of chunks 0..c), as the reference's chunk loop has it.
+__device__ __forceinline__ float max_through(const float* cmax, int64_t c) {
   float m = -1e30f;
-  for (int64_t i = 0; i < c; ++i) m = fmaxf(m, cmax[i]);
-  *before = m;
-  *after = fmaxf(m, cmax[c]);
+  for (int64_t i = 0; i <= c; ++i) m = fmaxf(m, cmax[i]);
+  return m;
 }
 
 // The last chunk's CTA of a (row, head group): the reference's accumulation over the chunks in
@@ -206,8 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_values_kernel(const __grid
   const int cn = chunk_rows(a, c, t, rows);
   if (warp < kHeads) {
     const int64_t row = t * a.H + h0 + warp, at = row * a.chunks + c;
-    float before, m_new;
-    running_max(a.x.cmax + row * a.chunks, c, &before, &m_new);
+    const float m_new = max_through(a.x.cmax + row * a.chunks, c);
     const float* lg = a.x.logits + at * kChunk;
     for (int k = lane; k < kChunk; k += 32) pb[warp][k] = k < cn ? expf(lg[k] - m_new) : 0.0f;  // p, unrounded
     __syncwarp();
