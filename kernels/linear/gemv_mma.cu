@@ -168,9 +168,8 @@ struct Lane {
 // The rows of one tile (kCtaWarps / kSlices row groups of 16): each lane's partial sums (rows
 // g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
 // so the result does not depend on timing. Ends with the CTA in step, so the next tile may
-// reuse the partial sums' memory. kAhead: each step's weights loaded a step ahead, their
-// latency then overlapping the previous step's arithmetic (more registers).
-template <class Block, int kSlices, int kCtaWarps, bool kAhead>
+// reuse the partial sums' memory.
+template <class Block, int kSlices, int kCtaWarps>
 __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
   constexpr int kGroups = kCtaWarps / kSlices;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
@@ -180,20 +179,8 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
   const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
   const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
-  if (kAhead && r0 < p.rows && slice < n_blocks) {
-    typename Block::Raw cur = Block::load(row_a + slice * Block::kBytes, row_b + slice * Block::kBytes, ln.t);
-    for (int64_t blk = slice; blk < n_blocks; blk += kSlices) {
-      typename Block::Raw next;
-      if (blk + kSlices < n_blocks) {
-        next = Block::load(row_a + (blk + kSlices) * Block::kBytes, row_b + (blk + kSlices) * Block::kBytes, ln.t);
-      }
-      Block::add(cur, x, blk, ln, &acc_a, &acc_b);
-      cur = next;
-    }
-  } else if (!kAhead) {
-    for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
-      Block::add(Block::load(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, ln.t), x, blk, ln, &acc_a, &acc_b);
-    }
+  for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
+    Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, blk, ln, &acc_a, &acc_b);
   }
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
@@ -213,12 +200,12 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
 
 // A CTA's tiles: tiles_per_cta consecutive ones from blockIdx.x's first, on the digits split
 // once (the split costs about as much as a tile of Q2_K rows).
-template <class Block, int kSlices, int kCtaWarps, bool kAhead>
+template <class Block, int kSlices, int kCtaWarps>
 __device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& x, int64_t n_blocks, int tiles_per_cta) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_cta;
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;
   for (int64_t tile = first; tile < first + tiles_per_cta && tile * kTileRows < p.rows; ++tile) {
-    mma_rows<Block, kSlices, kCtaWarps, kAhead>(p, x, n_blocks, tile);
+    mma_rows<Block, kSlices, kCtaWarps>(p, x, n_blocks, tile);
   }
 }
 
@@ -228,24 +215,9 @@ __device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& 
 // same columns' digit g as B. The 6-bit scales are applied to each sub-block's int32 result.
 struct Q4KBlock {
   static constexpr int kBytes = 144;
-  // What a lane reads of its two rows' block: the 16-byte headers and its codes' words.
-  struct Raw {
-    uint4 ha, hb;
-    uint2 qa[4], qb[4];
-  };
-  __device__ __forceinline__ static Raw load(const uint8_t* ba, const uint8_t* bb, int t) {
-    Raw r;
-    r.ha = *reinterpret_cast<const uint4*>(ba);
-    r.hb = *reinterpret_cast<const uint4*>(bb);
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      r.qa[c] = *reinterpret_cast<const uint2*>(ba + 16 + 32 * c + 8 * t);
-      r.qb[c] = *reinterpret_cast<const uint2*>(bb + 16 + 32 * c + 8 * t);
-    }
-    return r;
-  }
-  struct Header {  // scales and mins of sub-blocks 0..3 (lo), 4..7 (hi) as bytes
-    __device__ __forceinline__ explicit Header(const uint4 h) {
+  struct Header {  // one 16-byte load; scales and mins of sub-blocks 0..3 (lo), 4..7 (hi) as bytes
+    __device__ __forceinline__ explicit Header(const uint8_t* blk) {
+      const uint4 h = *reinterpret_cast<const uint4*>(blk);
       d = half_lo(h.x), dmin = half_hi(h.x);
       sc_lo = h.y & 0x3f3f3f3fu, m_lo = h.z & 0x3f3f3f3fu;
       sc_hi = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
@@ -255,13 +227,14 @@ struct Q4KBlock {
     float d, dmin;
     uint32_t sc_lo, m_lo, sc_hi, m_hi;
   };
-  __device__ __forceinline__ static void add(const Raw& r, const XDigits& x, int64_t xblk, const Lane& ln,
-                                             float* acc_a, float* acc_b) {
-    const Header ha(r.ha), hb(r.hb);
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    const Header ha(ba), hb(bb);
     int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint2 qa = r.qa[c], qb = r.qb[c];
+      const uint2 qa = *reinterpret_cast<const uint2*>(ba + 16 + 32 * c + 8 * ln.t);
+      const uint2 qb = *reinterpret_cast<const uint2*>(bb + 16 + 32 * c + 8 * ln.t);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int s = 2 * c + h;
@@ -300,33 +273,19 @@ __device__ __forceinline__ uint32_t word_at(const uint32_t (&w)[4], int t) {
 // and one int32 result gathers the whole block.
 struct Q2KBlock {
   static constexpr int kBytes = 84;
-  // What a lane reads of its two rows' block: the scale words, its codes' words, d and dmin.
-  struct Raw {
-    uint32_t sca[4], scb[4], qa[2][2], qb[2][2], da, db;
-  };
-  __device__ __forceinline__ static Raw load(const uint8_t* ba, const uint8_t* bb, int t) {
-    Raw r;
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
     const uint32_t* sa = reinterpret_cast<const uint32_t*>(ba);
     const uint32_t* sb = reinterpret_cast<const uint32_t*>(bb);
+    uint32_t sca[4], scb[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) r.sca[k] = sa[k], r.scb[k] = sb[k];
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const uint32_t* qa = reinterpret_cast<const uint32_t*>(ba + 16 + 32 * n + 8 * t);
-      const uint32_t* qb = reinterpret_cast<const uint32_t*>(bb + 16 + 32 * n + 8 * t);
-      r.qa[n][0] = qa[0], r.qa[n][1] = qa[1], r.qb[n][0] = qb[0], r.qb[n][1] = qb[1];
-    }
-    r.da = sa[20], r.db = sb[20];
-    return r;
-  }
-  __device__ __forceinline__ static void add(const Raw& r, const XDigits& x, int64_t xblk, const Lane& ln,
-                                             float* acc_a, float* acc_b) {
-    const uint32_t(&sca)[4] = r.sca;
-    const uint32_t(&scb)[4] = r.scb;
+    for (int k = 0; k < 4; ++k) sca[k] = sa[k], scb[k] = sb[k];
     int v[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      const uint32_t qa0 = r.qa[n][0], qa1 = r.qa[n][1], qb0 = r.qb[n][0], qb1 = r.qb[n][1];
+      const uint32_t* qa = reinterpret_cast<const uint32_t*>(ba + 16 + 32 * n + 8 * ln.t);
+      const uint32_t* qb = reinterpret_cast<const uint32_t*>(bb + 16 + 32 * n + 8 * ln.t);
+      const uint32_t qa0 = qa[0], qa1 = qa[1], qb0 = qb[0], qb1 = qb[1];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int s = 8 * n + 2 * j + (ln.t >> 1);
@@ -344,7 +303,7 @@ struct Q2KBlock {
     int m[4] = {0, 0, 0, 0};
     mma_s8(m, (word_at(sca, ln.t) >> 4) & 0x0f0f0f0fu, (word_at(scb, ln.t) >> 4) & 0x0f0f0f0fu, 0u, 0u,
            make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
-    const uint32_t da = r.da, db = r.db;
+    const uint32_t da = *reinterpret_cast<const uint32_t*>(ba + 80), db = *reinterpret_cast<const uint32_t*>(bb + 80);
     const float S = x.scale[xblk];
     *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.mins(m[0], m[1]));
     *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.mins(m[2], m[3]));
@@ -363,38 +322,16 @@ struct Q3KBlock {
     const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
     return h[0] | (static_cast<uint32_t>(h[1]) << 16);
   }
-  // What a lane reads of one row's block: the scales' three words, its codes' words, its high
-  // bits' words and d.
-  struct RawRow {
-    uint32_t sw[3], q[2][2], h[2];
-    unsigned short d;
-  };
-  struct Raw {
-    RawRow a, b;
-  };
-  __device__ __forceinline__ static RawRow load_row(const uint8_t* blk, int t) {
-    RawRow r;
-#pragma unroll
-    for (int k = 0; k < 3; ++k) r.sw[k] = word(blk + 96 + 4 * k);
-#pragma unroll
-    for (int n = 0; n < 2; ++n) r.q[n][0] = word(blk + 32 + 32 * n + 8 * t), r.q[n][1] = word(blk + 36 + 32 * n + 8 * t);
-    r.h[0] = word(blk + 8 * t), r.h[1] = word(blk + 8 * t + 4);
-    r.d = *reinterpret_cast<const unsigned short*>(blk + 108);
-    return r;
-  }
-  __device__ __forceinline__ static Raw load(const uint8_t* ba, const uint8_t* bb, int t) {
-    return Raw{load_row(ba, t), load_row(bb, t)};
-  }
   struct Row {  // a row's block: its unsigned scales (4 words of 4), codes' words and high bits
-    __device__ __forceinline__ explicit Row(const RawRow& r) {
-      const uint32_t w0 = r.sw[0], w1 = r.sw[1], w2 = r.sw[2];
+    __device__ __forceinline__ Row(const uint8_t* blk, int t) {
+      const uint32_t w0 = word(blk + 96), w1 = word(blk + 100), w2 = word(blk + 104);
       const uint32_t lo[4] = {w0 & 0x0f0f0f0fu, w1 & 0x0f0f0f0fu, (w0 >> 4) & 0x0f0f0f0fu, (w1 >> 4) & 0x0f0f0f0fu};
 #pragma unroll
       for (int k = 0; k < 4; ++k) u[k] = lo[k] | (((w2 >> (2 * k)) & 0x03030303u) << 4);
 #pragma unroll
-      for (int n = 0; n < 2; ++n) q[n][0] = r.q[n][0], q[n][1] = r.q[n][1];
-      h[0] = r.h[0], h[1] = r.h[1];
-      d = __half2float(__ushort_as_half(r.d));
+      for (int n = 0; n < 2; ++n) q[n][0] = word(blk + 32 + 32 * n + 8 * t), q[n][1] = word(blk + 36 + 32 * n + 8 * t);
+      h[0] = word(blk + 8 * t), h[1] = word(blk + 8 * t + 4);
+      d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
     }
     __device__ __forceinline__ int scale(int s) const { return byte_of(u[s / 4], s % 4); }
     __device__ __forceinline__ uint32_t codes(int n, int j, int w) const {
@@ -403,9 +340,9 @@ struct Q3KBlock {
     uint32_t u[4], q[2][2], h[2];
     float d;
   };
-  __device__ __forceinline__ static void add(const Raw& r, const XDigits& x, int64_t xblk, const Lane& ln,
-                                             float* acc_a, float* acc_b) {
-    const Row ra(r.a), rb(r.b);
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    const Row ra(ba, ln.t), rb(bb, ln.t);
     int vh[4] = {0, 0, 0, 0}, vl[4] = {0, 0, 0, 0}, vc[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -447,12 +384,12 @@ struct MmaBatch {
   int tiles_per_cta;
 };
 
-template <int kSlices, bool kAhead>
+template <int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x<32>(p.x, b.n_blocks);
-  mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>(), kAhead>(p, x, b.n_blocks, b.tiles_per_cta);
+  mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
@@ -470,8 +407,9 @@ struct ExpertMma {
   int tiles_per_cta;
 };
 
-template <class Block, int kSlices, bool kAhead>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
+template <class Block, int kSlices, int kMinCtas = 1>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, kMinCtas)
+    experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
   int k = blockIdx.y;
@@ -481,7 +419,7 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
   const XDigits x = split_x<16>(p.x, b.n_blocks);
-  mma_tiles<Block, kSlices, cta_warps<kSlices>(), kAhead>(p, x, b.n_blocks, b.tiles_per_cta);
+  mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
@@ -552,28 +490,22 @@ Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const 
   }
 }
 
-template <bool kAhead>
+template <int kSlices>
 struct Q4KMma {
-  template <int kSlices>
-  struct K {
-    static constexpr auto fn = q4k_mma_kernel<kSlices, kAhead>;
-  };
+  static constexpr auto fn = q4k_mma_kernel<kSlices>;
 };
-template <class Block, bool kAhead>
-struct ExpertsMma {
-  template <int kSlices>
-  struct K {
-    static constexpr auto fn = experts_mma_kernel<Block, kSlices, kAhead>;
-  };
+template <int kSlices>
+struct Q2KExpertsMma {
+  static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices>;
 };
-
-// DSF_MMA_AHEAD, for measurement: bit 0 Q4_K, bit 1 Q2_K, bit 2 Q3_K load each step's weights a
-// step ahead (mma_rows).
-bool ahead(quant::GgmlType type) {
-  static const int mask = static_cast<int>(env_int("DSF_MMA_AHEAD", 7));
-  const int bit = type == quant::GgmlType::kQ4_K ? 1 : type == quant::GgmlType::kQ2_K ? 2 : 4;
-  return (mask & bit) != 0;
-}
+template <int kSlices>
+struct Q3KExpertsMma {
+  static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
+};
+template <int kSlices>
+struct Q3KExpertsMma3 {  // at most 85 registers: 3 CTAs a SM (DSF_Q3K_MIN_CTAS=3, for measurement)
+  static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices, 3>;
+};
 
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 2 the tensor cores at every size,
 // else (default 1) where they pay.
@@ -616,9 +548,7 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
     while (m < 16 && 2 * m <= v) m *= 2;
     return m;
   }();
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  if (ahead(quant::GgmlType::kQ4_K)) return launch_mma<Q4KMma<true>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
-  return launch_mma<Q4KMma<false>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
+  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b, max_slices);
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
@@ -634,13 +564,10 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  const bool a = ahead(type);
-  if (type == quant::GgmlType::kQ3_K) {
-    if (a) return launch_mma<ExpertsMma<Q3KBlock, true>::K>(p.rows, b.n_blocks, products, st, b);
-    return launch_mma<ExpertsMma<Q3KBlock, false>::K>(p.rows, b.n_blocks, products, st, b);
-  }
-  if (a) return launch_mma<ExpertsMma<Q2KBlock, true>::K>(p.rows, b.n_blocks, products, st, b);
-  return launch_mma<ExpertsMma<Q2KBlock, false>::K>(p.rows, b.n_blocks, products, st, b);
+  static const bool q3k_three = env_int("DSF_Q3K_MIN_CTAS", 0) == 3;
+  if (type == quant::GgmlType::kQ3_K && q3k_three) return launch_mma<Q3KExpertsMma3>(p.rows, b.n_blocks, products, st, b);
+  if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
+  return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }
 
 }  // namespace dsflash::kernels
