@@ -407,9 +407,8 @@ struct ExpertMma {
   int tiles_per_cta;
 };
 
-template <class Block, int kSlices, int kMinCtas = 1>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, kMinCtas)
-    experts_mma_kernel(const __grid_constant__ ExpertMma b) {
+template <class Block, int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
   int k = blockIdx.y;
@@ -436,9 +435,12 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
   return per_sm;
 }
 
-// The launch of K<kSlices> over n products of `rows`: as many tiles per CTA as still leave a
-// full wave of resident CTAs (more tiles share one digit split; fewer CTAs than a wave leave
-// memory bandwidth unused: wo_b at 2 tiles a CTA, 160 CTAs, took 8 % longer).
+// The launch of K<kSlices> over n products of `rows`: one wave of resident CTAs, each taking
+// as many tiles as that needs (rounded up: more tiles share one digit split, and a second,
+// partial wave costs a whole CTA's time; H200, the routed experts' down, 480 tiles on 264
+// resident CTAs: 1.23 -> 1.15 ms a token; the step 7.68 -> 7.57 ms). A
+// launch of fewer tiles than a wave keeps one a CTA (wo_b at 2 tiles a CTA, 160 CTAs, took 8 %
+// longer than 320 CTAs of one).
 template <template <int> class K, int kSlices, typename Arg>
 Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
   constexpr int kCtaWarps = cta_warps<kSlices>();
@@ -447,9 +449,7 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
   const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
   ASSIGN_OR_RETURN(const int per_sm, resident_ctas(reinterpret_cast<const void*>(K<kSlices>::fn), kCtaWarps * 32, smem));
   const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sm_count());
-  // DSF_MMA_TILES_CEIL=1, for measurement: tiles a CTA rounded up, so the CTAs fit one wave.
-  static const bool ceil_tiles = env_int("DSF_MMA_TILES_CEIL", 0) == 1;
-  arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, ceil_tiles ? (tiles * n + wave - 1) / wave : tiles * n / wave));
+  arg.tiles_per_cta = static_cast<int>((tiles * n + wave - 1) / wave);
   const int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;
   return cuda::launch(K<kSlices>::fn,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(n)),
@@ -501,10 +501,6 @@ struct Q2KExpertsMma {
 template <int kSlices>
 struct Q3KExpertsMma {
   static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
-};
-template <int kSlices>
-struct Q3KExpertsMma3 {  // at most 85 registers: 3 CTAs a SM (DSF_Q3K_MIN_CTAS=3, for measurement)
-  static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices, 3>;
 };
 
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 2 the tensor cores at every size,
@@ -564,8 +560,6 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  static const bool q3k_three = env_int("DSF_Q3K_MIN_CTAS", 0) == 3;
-  if (type == quant::GgmlType::kQ3_K && q3k_three) return launch_mma<Q3KExpertsMma3>(p.rows, b.n_blocks, products, st, b);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
   return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }
