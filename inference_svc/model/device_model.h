@@ -293,11 +293,9 @@ class DeviceModel {
   ExpertTable resident_table(const Layer& w, const int32_t* ids) const;  // ids: expert numbers
   // `shared`: the shared expert's output on the branch `side` (joined before it is read), or
   // null: run here.
-  // `route`: the routing still to be made (into experts and weights) by the gate/up launch,
-  // or null: made before.
   Status decode_experts(int l, Call& call, const float* x, const ExpertTable& t, const int32_t* experts,
-                        const float* weights, float* y, BranchScope* side = nullptr, const float* shared = nullptr,
-                        const kernels::ExpertRoute* route = nullptr) const;
+                        const float* weights, float* y, BranchScope* side = nullptr,
+                        const float* shared = nullptr) const;
   // Layer l+1's router on layer l's MoE input, its picks copied to `host` (with the next sync).
   Status predict_next_layer(int l, Call& call, const float* x, int32_t* host) const;
   // The shared expert of S tokens x into out ([S][n_embd]), on ctx's stream.

@@ -89,12 +89,6 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   RETURN_IF_ERROR(dev_linear(ctx, w.gate_inp, x, S, logits.get(), kernels::OutRound::kF32));
   ASSIGN_OR_RETURN(auto experts, DevBuf<int32_t>::make(ctx, S * K));
   ASSIGN_OR_RETURN(auto weights, DevBuf<float>::make(ctx, S * K));
-  if (resident_decode) {  // the experts' gate/up launch routes (linear_experts_gate_up_routed_cuda)
-    const kernels::ExpertRoute route{logits.get(), w.exp_probs_b, static_cast<int>(E), static_cast<int>(K),
-                                     cfg_.norm_topk, cfg_.route_scale, experts.get(), weights.get()};
-    return decode_experts(l, call, x, resident_table(w, experts.get()), experts.get(), weights.get(), y, &side,
-                          side.on() ? shared.get() : nullptr, &route);
-  }
   RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
                                            experts.get(), weights.get()));
   if (call.segmenting != nullptr) {
@@ -116,6 +110,10 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
     RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, slots_d.get(), g.slots_host + l * K, K * sizeof(int32_t)));
     t.ids = slots_d.get();
     return decode_experts(l, call, x, t, experts.get(), weights.get(), y);
+  }
+  if (resident_decode) {
+    return decode_experts(l, call, x, resident_table(w, experts.get()), experts.get(), weights.get(), y, &side,
+                          side.on() ? shared.get() : nullptr);
   }
   std::vector<int32_t> e_h(static_cast<size_t>(S * K)), next_h;
   std::vector<float> w_h(static_cast<size_t>(S * K));
@@ -313,8 +311,7 @@ bool DeviceModel::experts_have_decode_gemvs(const ExpertTable& t) const {
 // A decode token's K routed experts: gate, up and down each in one launch, rows in route order,
 // summed per token in ascending expert order with the shared expert's output.
 Status DeviceModel::decode_experts(int l, Call& call, const float* x, const ExpertTable& t, const int32_t* experts,
-                                   const float* weights, float* y, BranchScope* side, const float* shared,
-                                   const kernels::ExpertRoute* route) const {
+                                   const float* weights, float* y, BranchScope* side, const float* shared) const {
   const Layer& w = layers_[l];
   const config::LayerConfig& L = cfg_.layers[l];
   const ExecCtx& ctx = call.ctx;
@@ -326,10 +323,6 @@ Status DeviceModel::decode_experts(int l, Call& call, const float* x, const Expe
   if (expert_act_q8_ && kernels::linear_experts_q8_supported(t.base.gate, t.gate_stride) &&
       kernels::linear_experts_q8_supported(t.base.up, t.up_stride) &&
       kernels::linear_experts_q8_supported(t.base.down, t.down_stride)) {  // LoadOptions::expert_act_q8
-    if (route != nullptr) {
-      RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, route->logits, route->bias, 1, route->E, route->K, route->norm_topk,
-                                               route->route_scale, route->experts, route->weights));
-    }
     ASSIGN_OR_RETURN(const ActQ8Buf xq, quantize_act_q8(ctx, x, D, 1));
     RETURN_IF_ERROR(kernels::linear_experts_q8_cuda(ctx, t.base.gate, t.gate_stride, t.ids, n, xq.view(), true, a.get(), F));
     RETURN_IF_ERROR(kernels::linear_experts_q8_cuda(ctx, t.base.up, t.up_stride, t.ids, n, xq.view(), true, b.get(), F));
@@ -337,13 +330,8 @@ Status DeviceModel::decode_experts(int l, Call& call, const float* x, const Expe
     ASSIGN_OR_RETURN(const ActQ8Buf aq, quantize_act_q8(ctx, a.get(), F, n));
     RETURN_IF_ERROR(kernels::linear_experts_q8_cuda(ctx, t.base.down, t.down_stride, t.ids, n, aq.view(), false, ye.get(), D));
   } else {
-    if (route != nullptr) {
-      RETURN_IF_ERROR(kernels::linear_experts_gate_up_routed_cuda(ctx, t.base.gate, t.gate_stride, t.base.up, t.up_stride,
-                                                                  *route, x, a.get(), b.get(), F));
-    } else {
-      RETURN_IF_ERROR(kernels::linear_experts_gate_up_cuda(ctx, t.base.gate, t.gate_stride, t.base.up, t.up_stride, t.ids,
-                                                           n, x, a.get(), b.get(), F));
-    }
+    RETURN_IF_ERROR(kernels::linear_experts_gate_up_cuda(ctx, t.base.gate, t.gate_stride, t.base.up, t.up_stride, t.ids, n,
+                                                         x, a.get(), b.get(), F));
     RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
     RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.down, t.down_stride, t.ids, n, a.get(), F, ye.get(), D));
   }

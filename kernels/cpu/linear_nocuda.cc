@@ -33,10 +33,6 @@ Status linear_experts_gate_up_cuda(const ExecCtx&, const Weight&, int64_t, const
                                    const float*, float*, float*, int64_t, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-Status linear_experts_gate_up_routed_cuda(const ExecCtx&, const Weight&, int64_t, const Weight&, int64_t,
-                                          const ExpertRoute&, const float*, float*, float*, int64_t, OutRound) {
-  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
-}
 Status linear_batch_mma_cuda(const ExecCtx&, const LinearJob*, int, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

@@ -8,7 +8,6 @@
 #include "kernels/cuda/ggml_blocks.cuh"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
-#include "kernels/moe/moe_cuda.h"
 
 namespace dsflash::kernels {
 namespace {
@@ -551,46 +550,19 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
   return experts_gemv(ctx, w, expert_bytes, ids, n, x, x_stride, y, y_stride, round, 2);
 }
 
-namespace {
-
-// Whether gate and up of n experts on x take one tensor-core launch.
-bool gate_up_mma(const Weight& gate, int64_t gate_bytes, const Weight& up, int64_t up_bytes, int n, const float* x) {
-  const bool same = gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
-  return same && experts_mma_fits(gate, gate_bytes, n) && experts_mma_fits(up, up_bytes, n) &&
-         linear_experts_supported(gate, gate_bytes) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         experts_mma_applies(gate.type, gate.rows, gate.cols, 2 * n);
-}
-
-}  // namespace
-
 Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
                                    int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
                                    int64_t y_stride, OutRound round) {
   if (n <= 0) return absl::OkStatus();
-  if (gate_up_mma(gate, gate_bytes, up, up_bytes, n, x)) {
+  const bool same = gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
+  if (same && experts_mma_fits(gate, gate_bytes, n) && experts_mma_fits(up, up_bytes, n) &&
+      linear_experts_supported(gate, gate_bytes) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+      experts_mma_applies(gate.type, gate.rows, gate.cols, 2 * n)) {
     return launch_experts_mma(ctx, gate.type, one_token(gate, x, y_gate, round), ids, gate_bytes, n, 0, y_stride, up.data,
                               y_up, up_bytes);
   }
   RETURN_IF_ERROR(linear_experts_cuda(ctx, gate, gate_bytes, ids, n, x, 0, y_gate, y_stride, round));
   return linear_experts_cuda(ctx, up, up_bytes, ids, n, x, 0, y_up, y_stride, round);
-}
-
-Status linear_experts_gate_up_routed_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
-                                          int64_t up_bytes, const ExpertRoute& route, const float* x, float* y_gate,
-                                          float* y_up, int64_t y_stride, OutRound round) {
-  if (route.E <= 0 || route.K <= 0 || route.K > route.E || route.K > kMaxGemvBatch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("linear_experts_gate_up_routed_cuda: ", route.K, " of ", route.E, " experts"));
-  }
-  static const bool fused = cuda::env_int("DSF_FUSED_ROUTE", 1) != 0;
-  if (fused && route.E <= kMaxSelfRouted && gate_up_mma(gate, gate_bytes, up, up_bytes, route.K, x)) {
-    return launch_experts_mma(ctx, gate.type, one_token(gate, x, y_gate, round), route.experts, gate_bytes, route.K, 0,
-                              y_stride, up.data, y_up, up_bytes, &route);
-  }
-  RETURN_IF_ERROR(moe::route_cuda(ctx, route.logits, route.bias, 1, route.E, route.K, route.norm_topk, route.route_scale,
-                                  route.experts, route.weights));
-  return linear_experts_gate_up_cuda(ctx, gate, gate_bytes, up, up_bytes, route.experts, route.K, x, y_gate, y_up,
-                                     y_stride, round);
 }
 
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {

@@ -26,7 +26,6 @@
 #include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
-#include "kernels/moe/route.cuh"
 
 namespace dsflash::kernels {
 namespace {
@@ -406,27 +405,7 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
-  ExpertRoute route;  // route.logits set: ids are the launch's own routing of one token
 };
-
-// The experts of b: b.ids, or the CTA's own routing of b.route (moe::route_warp on the first
-// warp, into shared memory; CTA (0, 0) also writes the picks and weights out).
-__device__ __forceinline__ const int32_t* expert_ids(const ExpertMma& b) {
-  if (b.route.logits == nullptr) return b.ids;
-  __shared__ float score[kMaxSelfRouted], biased[kMaxSelfRouted], weights[kMaxGemvBatch];
-  __shared__ uint8_t taken[kMaxSelfRouted];
-  __shared__ int32_t ids[kMaxGemvBatch];
-  const ExpertRoute& r = b.route;
-  if (threadIdx.x < 32) {
-    moe::route_warp(r.logits, r.bias, r.E, r.K, r.norm_topk, r.route_scale, score, biased, taken, ids, weights);
-  }
-  __syncthreads();
-  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < r.K) {
-    r.experts[threadIdx.x] = ids[threadIdx.x];
-    r.weights[threadIdx.x] = weights[threadIdx.x];
-  }
-  return ids;
-}
 
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
@@ -435,7 +414,7 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   int k = blockIdx.y;
   int64_t stride = b.expert_bytes;
   if (k >= b.n) k -= b.n, p.w = b.w2, p.y = b.y2, stride = b.expert_bytes2;
-  p.w += static_cast<int64_t>(expert_ids(b)[k]) * stride;
+  p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
   const XDigits x = split_x<16>(p.x, b.n_blocks);
@@ -574,15 +553,11 @@ bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n
 
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2, float* y2,
-                          int64_t expert_bytes2, const ExpertRoute* route) {
+                          int64_t expert_bytes2) {
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  if (route != nullptr && (route->E > kMaxSelfRouted || route->K != n)) {
-    return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: routing ", route->K, " of ", route->E, " experts"));
-  }
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1,
-                    route != nullptr ? *route : ExpertRoute{}};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);

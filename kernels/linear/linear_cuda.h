@@ -74,24 +74,4 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
                                    int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
                                    int64_t y_stride, OutRound round = OutRound::kBf16);
 
-// The router's top-k of one decode token (moe::route_cuda's arguments, S = 1; device pointers).
-struct ExpertRoute {
-  const float* logits = nullptr;  // [E]
-  const float* bias = nullptr;    // [E]
-  int E = 0, K = 0;
-  bool norm_topk = false;
-  float route_scale = 1.0f;
-  int32_t* experts = nullptr;  // [K], written
-  float* weights = nullptr;    // [K], written
-};
-
-// moe::route_cuda of one token, then linear_experts_gate_up_cuda on the experts it picks
-// (route.experts, route.weights written as route_cuda writes them). Where the tensor-core GEMV
-// takes the experts (E <= 256), every CTA of its launch routes for itself (the same warp
-// arithmetic, so the picks are the same bit for bit) and the routing is no launch of its own
-// in the decode step's chain; DSF_FUSED_ROUTE=0 keeps the two launches, for measurement.
-Status linear_experts_gate_up_routed_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
-                                          int64_t up_bytes, const ExpertRoute& route, const float* x, float* y_gate,
-                                          float* y_up, int64_t y_stride, OutRound round = OutRound::kBf16);
-
 }  // namespace dsflash::kernels

@@ -7,7 +7,6 @@
 #include "common/quant/quant.h"
 #include "common/status.h"
 #include "kernels/exec.h"
-#include "kernels/linear/linear_cuda.h"
 
 namespace dsflash::kernels {
 
@@ -39,9 +38,7 @@ bool gemv_mma_applies(const LinearParams* p, int n);
 // (x_stride 0), a second weight of p's shape over the same ids and x into y2, in one launch.
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2 = nullptr,
-                          float* y2 = nullptr, int64_t expert_bytes2 = 0, const ExpertRoute* route = nullptr);
-// The most experts a launch of launch_experts_mma routes for itself (its route argument).
-constexpr int kMaxSelfRouted = 256;
+                          float* y2 = nullptr, int64_t expert_bytes2 = 0);
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n);
 
 }  // namespace dsflash::kernels

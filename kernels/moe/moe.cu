@@ -2,20 +2,64 @@
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/math.cuh"
 #include "kernels/moe/moe_cuda.h"
-#include "kernels/moe/route.cuh"
 
 namespace dsflash::kernels::moe {
 namespace {
 
-// One warp per token (route_warp), its scores in dynamic shared memory.
+// One warp per token: sqrt-softplus scores and biased scores in shared memory, then k rounds
+// of a warp arg-max (ties towards the lower index) over the experts not yet chosen.
 __global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t E, int64_t k,
                              bool norm_topk, float route_scale, int32_t* __restrict__ experts,
                              float* __restrict__ weights) {
   cuda::await_inputs();
   extern __shared__ float smem[];
+  float* score = smem;        // [E]
+  float* biased = smem + E;   // [E]
+  uint8_t* taken = reinterpret_cast<uint8_t*>(smem + 2 * E);
+  const int lane = threadIdx.x;
   const int64_t t = blockIdx.x;
-  route_warp(logits + t * E, bias, E, k, norm_topk, route_scale, smem, smem + E, reinterpret_cast<uint8_t*>(smem + 2 * E),
-             experts + t * k, weights + t * k);
+  for (int64_t e = lane; e < E; e += 32) {
+    const float z = logits[t * E + e];
+    const float sp = z > 20.0f ? z : log1pf(expf(z));
+    score[e] = sqrtf(sp);
+    biased[e] = __fadd_rn(score[e], bias[e]);
+    taken[e] = 0;
+  }
+  __syncwarp();
+  int32_t* et = experts + t * k;
+  float* wt = weights + t * k;
+  for (int64_t r = 0; r < k; ++r) {
+    float best = -INFINITY;
+    int32_t arg = -1;
+    for (int64_t e = lane; e < E; e += 32) {
+      if (!taken[e] && (arg < 0 || biased[e] > best)) {
+        best = biased[e];
+        arg = static_cast<int32_t>(e);
+      }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+      const int32_t oa = __shfl_xor_sync(0xffffffffu, arg, off);
+      if (oa >= 0 && (arg < 0 || ob > best || (ob == best && oa < arg))) {
+        best = ob;
+        arg = oa;
+      }
+    }
+    if (lane == 0) {
+      et[r] = arg;
+      taken[arg] = 1;
+    }
+    __syncwarp();
+  }
+  if (lane == 0) {
+    float sum = 0.0f;
+    for (int64_t r = 0; r < k; ++r) sum = __fadd_rn(sum, score[et[r]]);
+    for (int64_t r = 0; r < k; ++r) {
+      float w = score[et[r]];
+      if (norm_topk && k > 1) w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
+      wt[r] = __fmul_rn(w, route_scale);
+    }
+  }
 }
 
 __global__ void swiglu_kernel(float* __restrict__ a, const float* __restrict__ b, int64_t S, int64_t F, float limit,

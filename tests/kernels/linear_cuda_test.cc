@@ -7,14 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
-#include <type_traits>
 
 #include "gtest/gtest.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_cuda.h"
-#include "kernels/moe/moe.h"
-#include "kernels/moe/moe_cuda.h"
 
 namespace dsflash::kernels {
 namespace {
@@ -448,82 +445,6 @@ TEST_P(LinearCuda, ExpertGateAndUpMatchCpu) {
   }
   cudaStreamDestroy(s);
   for (void* p : std::initializer_list<void*>{dg, du, dx, di, dyg, dyu}) cudaFree(p);
-}
-
-// Gate and up with the routing made by the launch itself (linear_experts_gate_up_routed_cuda):
-// the picks and weights equal the CPU's route() and the products equal the two-launch path's
-// (route_cuda, then linear_experts_gate_up_cuda) bit for bit. Q2_K routes inside the
-// tensor-core launch; Q4_K takes the two launches.
-TEST_P(LinearCuda, SelfRoutedGateAndUpMatchTwoLaunches) {
-  const GgmlType type = GetParam();
-  if (type != GgmlType::kQ2_K && type != GgmlType::kQ4_K) GTEST_SKIP() << "Q2_K (tensor cores) and Q4_K (fp32 kernels)";
-  const int64_t K = 2048, N = 512;
-  for (const int E : {16, 256}) {
-    const int n = 6;
-    const uint64_t rb = *quant::row_bytes(type, K);
-    std::mt19937 rng(911 + E + static_cast<int>(type));
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> wf(static_cast<size_t>(K * N * E)), x(static_cast<size_t>(K)), logits(E), bias(E);
-    std::vector<uint8_t> gate(rb * N * E), up(rb * N * E);
-    for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
-    ASSERT_TRUE(quant::encode_row(type, wf.data(), gate.data(), K * N * E).ok());
-    for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
-    ASSERT_TRUE(quant::encode_row(type, wf.data(), up.data(), K * N * E).ok());
-    for (float& v : x) v = quant::round_bf16(nd(rng));
-    for (float& v : logits) v = 3.0f * nd(rng);
-    for (float& v : bias) v = 0.1f * nd(rng);
-    logits[E - 1] = logits[E - 2];  // a tie: the lower index wins
-    bias[E - 1] = bias[E - 2];
-    uint8_t* dg = to_device(gate);
-    uint8_t* du = to_device(up);
-    float* dx = to_device(x);
-    float* dl = to_device(logits);
-    float* db = to_device(bias);
-    cudaStream_t s;
-    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    const ExecCtx ctx{Backend::kCuda, s};
-    const int64_t eb = static_cast<int64_t>(rb * N);
-    const Weight wg{type, K, N, dg, rb}, wu{type, K, N, du, rb};
-    auto from_device = [&](const auto* d, int64_t count) {
-      std::vector<std::remove_const_t<std::remove_pointer_t<decltype(d)>>> h(static_cast<size_t>(count));
-      EXPECT_EQ(cudaMemcpyAsync(h.data(), d, h.size() * sizeof(h[0]), cudaMemcpyDeviceToHost, s), cudaSuccess);
-      EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      return h;
-    };
-    // [0]: self-routed, [1]: two launches.
-    std::vector<int32_t> ids[2];
-    std::vector<float> wts[2], yg[2], yu[2];
-    for (int path = 0; path < 2; ++path) {
-      int32_t* de = to_device(std::vector<int32_t>(n, -1));
-      float* dw = to_device(std::vector<float>(n, std::nanf("")));
-      float* dyg = to_device(std::vector<float>(N * n, std::nanf("")));
-      float* dyu = to_device(std::vector<float>(N * n, std::nanf("")));
-      const ExpertRoute route{dl, db, E, n, true, 2.5f, de, dw};
-      if (path == 0) {
-        ASSERT_TRUE(linear_experts_gate_up_routed_cuda(ctx, wg, eb, wu, eb, route, dx, dyg, dyu, N, OutRound::kF32).ok());
-      } else {
-        ASSERT_TRUE(moe::route_cuda(ctx, dl, db, 1, E, n, true, 2.5f, de, dw).ok());
-        ASSERT_TRUE(linear_experts_gate_up_cuda(ctx, wg, eb, wu, eb, de, n, dx, dyg, dyu, N, OutRound::kF32).ok());
-      }
-      ids[path] = from_device(de, n);
-      wts[path] = from_device(dw, n);
-      yg[path] = from_device(dyg, N * n);
-      yu[path] = from_device(dyu, N * n);
-      for (void* p : std::initializer_list<void*>{de, dw, dyg, dyu}) cudaFree(p);
-    }
-    const moe::Route ref = moe::route(logits.data(), bias.data(), E, n, true, 2.5f);
-    for (int k = 0; k < n; ++k) {
-      EXPECT_EQ(ids[0][k], ref.experts[k]) << "E " << E << " pick " << k;
-      EXPECT_NEAR(wts[0][k], ref.weights[k], 4e-7f * std::fabs(ref.weights[k])) << "E " << E << " pick " << k;
-      EXPECT_EQ(ids[0][k], ids[1][k]);
-      EXPECT_EQ(wts[0][k], wts[1][k]);
-    }
-    EXPECT_EQ(0, std::memcmp(yg[0].data(), yg[1].data(), yg[0].size() * 4)) << "gate, E " << E;
-    EXPECT_EQ(0, std::memcmp(yu[0].data(), yu[1].data(), yu[0].size() * 4)) << "up, E " << E;
-    EXPECT_FALSE(std::isnan(yg[0][0]));
-    cudaStreamDestroy(s);
-    for (void* p : std::initializer_list<void*>{dg, du, dx, dl, db}) cudaFree(p);
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,
