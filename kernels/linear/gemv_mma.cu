@@ -438,9 +438,9 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
 // The launch of K<kSlices> over n products of `rows`: one wave of resident CTAs, each taking
 // as many tiles as that needs (rounded up: more tiles share one digit split, and a second,
 // partial wave costs a whole CTA's time; H200, the routed experts' down, 480 tiles on 264
-// resident CTAs: 1.23 -> 1.15 ms a token; the step 7.68 -> 7.57 ms). A
-// launch of fewer tiles than a wave keeps one a CTA (wo_b at 2 tiles a CTA, 160 CTAs, took 8 %
-// longer than 320 CTAs of one).
+// resident CTAs: 1.23 -> 1.15 ms a token; the step 7.68 -> 7.57 ms). A launch of fewer tiles
+// than a wave keeps one a CTA (wo_b at 2 tiles a CTA, 160 CTAs, took 8 % longer than 320 CTAs
+// of one).
 template <template <int> class K, int kSlices, typename Arg>
 Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
   constexpr int kCtaWarps = cta_warps<kSlices>();
@@ -449,7 +449,7 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
   const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
   ASSIGN_OR_RETURN(const int per_sm, resident_ctas(reinterpret_cast<const void*>(K<kSlices>::fn), kCtaWarps * 32, smem));
   const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sm_count());
-  arg.tiles_per_cta = static_cast<int>((tiles * n + wave - 1) / wave);
+  arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, (tiles * n + wave - 1) / wave));  // >= 1: rows may be 0
   const int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;
   return cuda::launch(K<kSlices>::fn,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(n)),
