@@ -270,47 +270,22 @@ __device__ __forceinline__ uint32_t word_at(const uint32_t (&w)[4], int t) {
 // Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in sub-block 8n + 2j + l / 16; lane t
 // takes l = 8t .. 8t + 7 (two word loads per row and n, for all four j): one sub-block's codes,
 // so its 4-bit scale is folded into A (a packed multiply: code x scale <= 45, no byte carries)
-// and one int32 result gathers the whole block. kWide: a block starting 8-byte aligned (the
-// same for every row and lane of a warp step: rows are 8-byte multiples) is read in 8-byte
-// words, the others partly so (scales 4 + 8 + 4 bytes): 5 or 7 loads a row instead of 9.
-template <bool kWide>
-struct Q2KBlockT {
+// and one int32 result gathers the whole block.
+struct Q2KBlock {
   static constexpr int kBytes = 84;
-  // A row's scale words and its lane's two code words of each half.
-  __device__ __forceinline__ static void load_row(const uint8_t* blk, int t, uint32_t (&sc)[4], uint32_t (&q)[2][2]) {
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(blk);
-    if (kWide && (reinterpret_cast<uintptr_t>(blk) & 7) == 0) {
-      const uint2 s0 = reinterpret_cast<const uint2*>(blk)[0], s1 = reinterpret_cast<const uint2*>(blk)[1];
-      sc[0] = s0.x, sc[1] = s0.y, sc[2] = s1.x, sc[3] = s1.y;
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        const uint2 c = *reinterpret_cast<const uint2*>(blk + 16 + 32 * n + 8 * t);
-        q[n][0] = c.x, q[n][1] = c.y;
-      }
-      return;
-    }
-    if (kWide) {
-      const uint2 mid = *reinterpret_cast<const uint2*>(blk + 4);
-      sc[0] = w[0], sc[1] = mid.x, sc[2] = mid.y, sc[3] = w[3];
-    } else {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) sc[k] = w[k];
-    }
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const uint32_t* c = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * n + 8 * t);
-      q[n][0] = c[0], q[n][1] = c[1];
-    }
-  }
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    uint32_t sca[4], scb[4], qwa[2][2], qwb[2][2];
-    load_row(ba, ln.t, sca, qwa);
-    load_row(bb, ln.t, scb, qwb);
+    const uint32_t* sa = reinterpret_cast<const uint32_t*>(ba);
+    const uint32_t* sb = reinterpret_cast<const uint32_t*>(bb);
+    uint32_t sca[4], scb[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sca[k] = sa[k], scb[k] = sb[k];
     int v[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      const uint32_t qa0 = qwa[n][0], qa1 = qwa[n][1], qb0 = qwb[n][0], qb1 = qwb[n][1];
+      const uint32_t* qa = reinterpret_cast<const uint32_t*>(ba + 16 + 32 * n + 8 * ln.t);
+      const uint32_t* qb = reinterpret_cast<const uint32_t*>(bb + 16 + 32 * n + 8 * ln.t);
+      const uint32_t qa0 = qa[0], qa1 = qa[1], qb0 = qb[0], qb1 = qb[1];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int s = 8 * n + 2 * j + (ln.t >> 1);
@@ -432,10 +407,8 @@ struct ExpertMma {
   int tiles_per_cta;
 };
 
-// kMinCtas: CTAs a SM the registers must allow (0: the compiler's choice).
-template <class Block, int kSlices, int kMinCtas = 0>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, kMinCtas)
-    experts_mma_kernel(const __grid_constant__ ExpertMma b) {
+template <class Block, int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
   int k = blockIdx.y;
@@ -523,12 +496,7 @@ struct Q4KMma {
 };
 template <int kSlices>
 struct Q2KExpertsMma {
-  static constexpr auto fn = experts_mma_kernel<Q2KBlockT<false>, kSlices>;
-};
-template <int kSlices>
-struct Q2KWideExpertsMma {
-  // 64 registers, as Q2KExpertsMma (32 warps a SM)
-  static constexpr auto fn = experts_mma_kernel<Q2KBlockT<true>, kSlices, 32 / cta_warps<kSlices>()>;
+  static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices>;
 };
 template <int kSlices>
 struct Q3KExpertsMma {
@@ -593,8 +561,6 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
-  static const bool wide = env_int("DSF_Q2K_WIDE", 1) != 0;  // DSF_Q2K_WIDE=0, for measurement
-  if (wide) return launch_mma<Q2KWideExpertsMma>(p.rows, b.n_blocks, products, st, b);
   return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }
 
