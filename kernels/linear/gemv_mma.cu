@@ -520,13 +520,15 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
   std::lock_guard<std::mutex> lock(mu);
   const auto it = known.find({kernel, smem});
   if (it != known.end()) return it->second;
-  if (smem > 48 * 1024) {  // beyond what a CTA may take without opting in: the kernel's largest so far
-    static std::map<const void*, size_t> opted;
-    size_t& most = opted[kernel];
-    if (smem > most) {
-      CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      most = smem;
+  if (smem > 48 * 1024) {  // beyond what a CTA may take without opting in
+    int device = 0, optin = 0;
+    CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (smem > static_cast<size_t>(optin)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tensor-core GEMV: ", smem, " bytes of shared memory a CTA, the device allows ", optin));
     }
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
   }
   int per_sm = 0;
   CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
