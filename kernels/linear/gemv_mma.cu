@@ -165,98 +165,22 @@ struct Lane {
   __device__ __forceinline__ static float exp2f_exact(int e) { return __int_as_float((e + 127) << 23); }
 };
 
-// Weight blocks staged in shared memory (kStages > 0): each warp has a ring of kStages slots,
-// a slot one (16 rows, block) step's 16 blocks, filled by cp.async in 4-byte words (blocks
-// 4-byte aligned) kStages - 1 steps ahead of the step it multiplies. The bytes in flight need
-// no registers (a register look-ahead raised the kernels to 79-120 registers and lost), and a
-// warp's copy instruction reads 32 consecutive words of its rows' blocks (~3 cache lines)
-// where the direct loads touch one line per row (8 a load).
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
-template <class Block, int kStages>
-struct Ring {
-  static constexpr int kWords = Block::kBytes / 4;
-  static constexpr int kSlot = 16 * Block::kBytes;
-  static constexpr int kWarpBytes = kStages * kSlot;
-  static_assert(kStages == 0 || Block::kBytes % 4 == 0, "staged blocks are copied in 4-byte words");
-  uint8_t* base;  // this warp's slots
-  // Starts copying rows r0 .. r0 + 15's block blk (rows past the end: the last row's) into
-  // slot s (blk past the end: nothing), as one commit group.
-  __device__ __forceinline__ void fill(const LinearParams& p, int64_t r0, int64_t blk, int64_t n_blocks, int s,
-                                       int lane) const {
-    if (blk < n_blocks && r0 < p.rows) {
-      uint8_t* dst = base + s * kSlot;
-      const uint8_t* src = p.w + blk * Block::kBytes;
-      // Word i = lane + 32 k of the slot: row i / kWords, word i % kWords, stepped (a loop
-      // unrolled with each word's address kept would hold ~60 more registers).
-      int r = lane / kWords, w = lane % kWords;
-#pragma unroll 1
-      for (int i = lane; i < 16 * kWords; i += 32) {
-        cp_async4(dst + r * Block::kBytes + 4 * w, src + min(r0 + r, p.rows - 1) * p.row_bytes + 4 * w);
-        w += 32 % kWords, r += 32 / kWords;
-        if (w >= kWords) w -= kWords, ++r;
-      }
-    }
-    cp_async_commit();
-  }
-  __device__ __forceinline__ const uint8_t* row(int s, int r) const { return base + s * kSlot + r * Block::kBytes; }
-};
-
-// Where a warp of mma_rows works: rows r0 .. r0 + 15, blocks slice, slice + kSlices, ...
-template <int kSlices, int kCtaWarps>
-__device__ __forceinline__ int64_t group_row0(int64_t tile) {
-  constexpr int kGroups = kCtaWarps / kSlices;
-  return (tile * kGroups + (threadIdx.x >> 5) / kSlices) * 16;
-}
-
-// Starts the first kStages - 1 copies of a warp's steps in a tile (before the digit split, so
-// the two overlap).
-template <class Block, int kSlices, int kCtaWarps, int kStages>
-__device__ __forceinline__ void prime(const LinearParams& p, int64_t n_blocks, int64_t tile, const Ring<Block, kStages>& ring) {
-  const int64_t r0 = group_row0<kSlices, kCtaWarps>(tile);
-  const int slice = (threadIdx.x >> 5) % kSlices, lane = threadIdx.x & 31;
-#pragma unroll
-  for (int s = 0; s + 1 < kStages; ++s) ring.fill(p, r0, slice + s * kSlices, n_blocks, s, lane);
-}
-
 // The rows of one tile (kCtaWarps / kSlices row groups of 16): each lane's partial sums (rows
 // g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
 // so the result does not depend on timing. Ends with the CTA in step, so the next tile may
-// reuse the partial sums' memory. kStages > 0: the blocks come through the warp's ring, whose
-// first copies prime() has started.
-template <class Block, int kSlices, int kCtaWarps, int kStages>
-__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile,
-                                         const Ring<Block, kStages>& ring) {
+// reuse the partial sums' memory.
+template <class Block, int kSlices, int kCtaWarps>
+__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
+  constexpr int kGroups = kCtaWarps / kSlices;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
   const int t = lane & 3;
   const Lane ln{lane >> 2, t, t == 0 ? 1.0f : t == 1 ? 0x1p-14f : 0.0f, t == 0 ? 0x1p-7f : t == 1 ? 0x1p-21f : 0.0f};
-  const int64_t r0 = group_row0<kSlices, kCtaWarps>(tile);
+  const int64_t r0 = (tile * kGroups + warp / kSlices) * 16;
+  const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
+  const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
-  if constexpr (kStages == 0) {
-    const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
-    const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
-    for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
-      Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, blk, ln, &acc_a, &acc_b);
-    }
-  } else {
-    int s = 0;
-    for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
-      ring.fill(p, r0, blk + (kStages - 1) * kSlices, n_blocks, (s + kStages - 1) % kStages, lane);
-      cp_async_wait<kStages - 1>();
-      __syncwarp();
-      Block::add(ring.row(s, ln.g), ring.row(s, ln.g + 8), x, blk, ln, &acc_a, &acc_b);
-      __syncwarp();  // the slot is refilled next step
-      s = (s + 1) % kStages;
-    }
-    cp_async_wait<0>();  // only empty groups are left; the next tile's prime() reuses the slots
+  for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
+    Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, blk, ln, &acc_a, &acc_b);
   }
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
@@ -275,18 +199,13 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
 }
 
 // A CTA's tiles: tiles_per_cta consecutive ones from blockIdx.x's first, on the digits split
-// once (the split costs about as much as a tile of Q2_K rows). kStages > 0: the first tile's
-// copies are primed.
-template <class Block, int kSlices, int kCtaWarps, int kStages = 0>
-__device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& x, int64_t n_blocks, int tiles_per_cta,
-                                          const Ring<Block, kStages>& ring = {}) {
+// once (the split costs about as much as a tile of Q2_K rows).
+template <class Block, int kSlices, int kCtaWarps>
+__device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& x, int64_t n_blocks, int tiles_per_cta) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_cta;
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;
   for (int64_t tile = first; tile < first + tiles_per_cta && tile * kTileRows < p.rows; ++tile) {
-    if constexpr (kStages > 0) {
-      if (tile != first) prime<Block, kSlices, kCtaWarps, kStages>(p, n_blocks, tile, ring);
-    }
-    mma_rows<Block, kSlices, kCtaWarps, kStages>(p, x, n_blocks, tile, ring);
+    mma_rows<Block, kSlices, kCtaWarps>(p, x, n_blocks, tile);
   }
 }
 
@@ -488,11 +407,7 @@ struct ExpertMma {
   int tiles_per_cta;
 };
 
-// x's digits take the first n_blocks * kBlockSmem bytes of the dynamic shared memory; the
-// warps' rings (kStages > 0) follow, 16-byte aligned.
-__host__ __device__ constexpr int64_t digits_smem(int64_t n_blocks) { return (n_blocks * kBlockSmem + 15) / 16 * 16; }
-
-template <class Block, int kSlices, int kStages>
+template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
@@ -502,14 +417,8 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  constexpr int kCtaWarps = cta_warps<kSlices>();
-  extern __shared__ __align__(16) uint8_t smem[];
-  const Ring<Block, kStages> ring{smem + digits_smem(b.n_blocks) + (threadIdx.x >> 5) * Ring<Block, kStages>::kWarpBytes};
-  if constexpr (kStages > 0) {
-    prime<Block, kSlices, kCtaWarps, kStages>(p, b.n_blocks, static_cast<int64_t>(blockIdx.x) * b.tiles_per_cta, ring);
-  }
   const XDigits x = split_x<16>(p.x, b.n_blocks);
-  mma_tiles<Block, kSlices, kCtaWarps, kStages>(p, x, b.n_blocks, b.tiles_per_cta, ring);
+  mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
@@ -520,16 +429,6 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
   std::lock_guard<std::mutex> lock(mu);
   const auto it = known.find({kernel, smem});
   if (it != known.end()) return it->second;
-  if (smem > 48 * 1024) {  // beyond what a CTA may take without opting in
-    int device = 0, optin = 0;
-    CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    if (smem > static_cast<size_t>(optin)) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("tensor-core GEMV: ", smem, " bytes of shared memory a CTA, the device allows ", optin));
-    }
-    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-  }
   int per_sm = 0;
   CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   known[{kernel, smem}] = per_sm;
@@ -547,7 +446,7 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
   constexpr int kCtaWarps = cta_warps<kSlices>();
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;  // as mma_tiles
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-  const size_t smem = static_cast<size_t>(digits_smem(n_blocks) + kCtaWarps * K<kSlices>::kRingBytes);
+  const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
   ASSIGN_OR_RETURN(const int per_sm, resident_ctas(reinterpret_cast<const void*>(K<kSlices>::fn), kCtaWarps * 32, smem));
   const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sm_count());
   arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, (tiles * n + wave - 1) / wave));  // >= 1: rows may be 0
@@ -591,24 +490,17 @@ Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const 
   }
 }
 
-// The kernels launch_mma takes: fn, and kRingBytes (a warp's staging ring).
 template <int kSlices>
 struct Q4KMma {
   static constexpr auto fn = q4k_mma_kernel<kSlices>;
-  static constexpr int kRingBytes = 0;
 };
-template <int kStages>
-struct Q2KExperts {
-  template <int kSlices>
-  struct Mma {
-    static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices, kStages>;
-    static constexpr int kRingBytes = kStages > 0 ? Ring<Q2KBlock, kStages>::kWarpBytes : 0;
-  };
+template <int kSlices>
+struct Q2KExpertsMma {
+  static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices>;
 };
 template <int kSlices>
 struct Q3KExpertsMma {
-  static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices, 0>;
-  static constexpr int kRingBytes = 0;
+  static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
 };
 
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 2 the tensor cores at every size,
@@ -669,11 +561,7 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
-  // DSF_MMA_STAGES (0: direct loads; 2, 3: the ring's slots), for measurement.
-  static const int stages = static_cast<int>(env_int("DSF_MMA_STAGES", 2));
-  if (stages == 3) return launch_mma<Q2KExperts<3>::Mma>(p.rows, b.n_blocks, products, st, b);
-  if (stages == 2) return launch_mma<Q2KExperts<2>::Mma>(p.rows, b.n_blocks, products, st, b);
-  return launch_mma<Q2KExperts<0>::Mma>(p.rows, b.n_blocks, products, st, b);
+  return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }
 
 }  // namespace dsflash::kernels
