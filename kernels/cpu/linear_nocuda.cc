@@ -33,11 +33,6 @@ Status linear_experts_gate_up_cuda(const ExecCtx&, const Weight&, int64_t, const
                                    const float*, float*, float*, int64_t, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-bool linear_experts_swiglu_applies(const Weight&, int64_t, const Weight&, int64_t, int, const float*) { return false; }
-Status linear_experts_swiglu_cuda(const ExecCtx&, const Weight&, int64_t, const Weight&, int64_t, const int32_t*, int,
-                                  const float*, float, const float*, float*, int64_t, OutRound) {
-  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
-}
 Status linear_batch_mma_cuda(const ExecCtx&, const LinearJob*, int, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

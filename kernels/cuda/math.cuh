@@ -11,18 +11,6 @@ namespace dsflash::kernels::cuda {
 // bf16(x) as a float, round to nearest even (quant::round_bf16 on the host).
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// The clamped SwiGLU of one gate / up pair, weighted and rounded to bf16 (moe::swiglu on the
-// host, in its order of operations): the routed experts' decode GEMV forms it in its epilogue,
-// the SwiGLU kernel everywhere else.
-__device__ __forceinline__ float swiglu_value(float g, float u, float limit, float weight) {
-  if (limit > 0) {
-    u = fminf(fmaxf(u, -limit), limit);
-    g = fminf(g, limit);
-  }
-  const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
-  return round_bf16(__fmul_rn(weight, __fmul_rn(silu, u)));
-}
-
 // Sum over the 32 lanes of a warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

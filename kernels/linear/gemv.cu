@@ -550,45 +550,19 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
   return experts_gemv(ctx, w, expert_bytes, ids, n, x, x_stride, y, y_stride, round, 2);
 }
 
-namespace {
-
-// Whether gate and up of n experts on x take one tensor-core launch.
-bool gate_up_mma_fits(const Weight& gate, int64_t gate_bytes, const Weight& up, int64_t up_bytes, int n, const float* x) {
-  const bool same = gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
-  return same && experts_mma_fits(gate, gate_bytes, n) && experts_mma_fits(up, up_bytes, n) &&
-         linear_experts_supported(gate, gate_bytes) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-         experts_mma_applies(gate.type, gate.rows, gate.cols, 2 * n);
-}
-
-}  // namespace
-
 Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
                                    int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
                                    int64_t y_stride, OutRound round) {
   if (n <= 0) return absl::OkStatus();
-  if (gate_up_mma_fits(gate, gate_bytes, up, up_bytes, n, x)) {
+  const bool same = gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
+  if (same && experts_mma_fits(gate, gate_bytes, n) && experts_mma_fits(up, up_bytes, n) &&
+      linear_experts_supported(gate, gate_bytes) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+      experts_mma_applies(gate.type, gate.rows, gate.cols, 2 * n)) {
     return launch_experts_mma(ctx, gate.type, one_token(gate, x, y_gate, round), ids, gate_bytes, n, 0, y_stride, up.data,
                               y_up, up_bytes);
   }
   RETURN_IF_ERROR(linear_experts_cuda(ctx, gate, gate_bytes, ids, n, x, 0, y_gate, y_stride, round));
   return linear_experts_cuda(ctx, up, up_bytes, ids, n, x, 0, y_up, y_stride, round);
-}
-
-bool linear_experts_swiglu_applies(const Weight& gate, int64_t gate_bytes, const Weight& up, int64_t up_bytes, int n,
-                                   const float* x) {
-  static const bool off = env_int("DSF_SWIGLU_IN_GEMV", 1) == 0;  // measurement: the separate SwiGLU launch
-  return !off && gate.type == GgmlType::kQ2_K && n > 0 && gate_up_mma_fits(gate, gate_bytes, up, up_bytes, n, x);
-}
-
-Status linear_experts_swiglu_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
-                                  int64_t up_bytes, const int32_t* ids, int n, const float* x, float limit,
-                                  const float* weights, float* y, int64_t y_stride, OutRound round) {
-  if (!linear_experts_swiglu_applies(gate, gate_bytes, up, up_bytes, n, x) || weights == nullptr) {
-    return absl::UnimplementedError(absl::StrCat("linear_experts_swiglu_cuda: no fused SwiGLU GEMV for ", n, " ",
-                                                 quant::traits(gate.type).name, " experts here"));
-  }
-  return launch_experts_swiglu_mma(ctx, one_token(gate, x, y, round), ids, gate_bytes, up.data, up_bytes, n, y_stride,
-                                   weights, limit);
 }
 
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {

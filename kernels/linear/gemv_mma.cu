@@ -23,7 +23,6 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_util.cuh"
-#include "kernels/cuda/math.cuh"
 #include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
@@ -166,29 +165,19 @@ struct Lane {
   __device__ __forceinline__ static float exp2f_exact(int e) { return __int_as_float((e + 127) << 23); }
 };
 
-// The SwiGLU a paired launch forms (experts_mma_kernel): its y = swiglu(gate rows, up rows).
-struct SwigluOut {
-  const uint8_t* up;  // the up weight's rows (the gate's are LinearParams::w)
-  float limit, weight;
-};
-
 // The rows of one tile (kCtaWarps / kSlices row groups of 16): each lane's partial sums (rows
 // g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
 // so the result does not depend on timing. Ends with the CTA in step, so the next tile may
-// reuse the partial sums' memory. kSwiglu: the first half of the groups takes gate rows, the
-// second the same rows of up, and y gets their SwiGLU (each side rounded as y would be).
-template <class Block, int kSlices, int kCtaWarps, bool kSwiglu>
-__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile,
-                                         const SwigluOut& sw) {
-  constexpr int kGroups = kCtaWarps / kSlices, kRowGroups = kSwiglu ? kGroups / 2 : kGroups;
-  static_assert(!kSwiglu || kGroups % 2 == 0, "a SwiGLU tile pairs its row groups");
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices, q = warp / kSlices;
+// reuse the partial sums' memory.
+template <class Block, int kSlices, int kCtaWarps>
+__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
+  constexpr int kGroups = kCtaWarps / kSlices;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
   const int t = lane & 3;
   const Lane ln{lane >> 2, t, t == 0 ? 1.0f : t == 1 ? 0x1p-14f : 0.0f, t == 0 ? 0x1p-7f : t == 1 ? 0x1p-21f : 0.0f};
-  const int64_t r0 = (tile * kRowGroups + q % kRowGroups) * 16;
-  const uint8_t* w = kSwiglu && q >= kRowGroups ? sw.up : p.w;
-  const uint8_t* row_a = w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
-  const uint8_t* row_b = w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
+  const int64_t r0 = (tile * kGroups + warp / kSlices) * 16;
+  const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
+  const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
   for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
     Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, blk, ln, &acc_a, &acc_b);
@@ -198,38 +187,25 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 2);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 2);
   __shared__ float part[kCtaWarps][16];
-  __shared__ float sums[kSwiglu ? kGroups : 1][16];
   if (ln.t == 0) part[warp][ln.g] = acc_a, part[warp][ln.g + 8] = acc_b;
   __syncthreads();
-  const int64_t row = r0 + lane;
   if (slice == 0 && lane < 16) {
     float y = part[warp][lane];
     for (int s = 1; s < kSlices; ++s) y += part[warp + s][lane];
-    y = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(y)) : y;
-    if constexpr (kSwiglu) {
-      sums[q][lane] = y;
-    } else if (row < p.rows) {
-      p.y[row] = y;
-    }
-  }
-  if constexpr (kSwiglu) {
-    __syncthreads();
-    if (slice == 0 && q < kRowGroups && lane < 16 && row < p.rows) {
-      p.y[row] = swiglu_value(sums[q][lane], sums[q + kRowGroups][lane], sw.limit, sw.weight);
-    }
+    const int64_t row = r0 + lane;
+    if (row < p.rows) p.y[row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(y)) : y;
   }
   __syncthreads();
 }
 
 // A CTA's tiles: tiles_per_cta consecutive ones from blockIdx.x's first, on the digits split
 // once (the split costs about as much as a tile of Q2_K rows).
-template <class Block, int kSlices, int kCtaWarps, bool kSwiglu = false>
-__device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& x, int64_t n_blocks, int tiles_per_cta,
-                                          const SwigluOut& sw = {}) {
+template <class Block, int kSlices, int kCtaWarps>
+__device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& x, int64_t n_blocks, int tiles_per_cta) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_cta;
-  constexpr int64_t kTileRows = kCtaWarps / kSlices * 16 / (kSwiglu ? 2 : 1);
+  constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;
   for (int64_t tile = first; tile < first + tiles_per_cta && tile * kTileRows < p.rows; ++tile) {
-    mma_rows<Block, kSlices, kCtaWarps, kSwiglu>(p, x, n_blocks, tile, sw);
+    mma_rows<Block, kSlices, kCtaWarps>(p, x, n_blocks, tile);
   }
 }
 
@@ -418,8 +394,7 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(cons
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
 // second weight of the same shape (up beside gate, on one x), products n .. 2n - 1 are its
-// experts ids[0 .. n) into y2; or, with swiglu_weights (kSwiglu kernels), product k's y is
-// the SwiGLU of its gate and up rows, weighted by swiglu_weights[k].
+// experts ids[0 .. n) into y2.
 struct ExpertMma {
   LinearParams p;  // expert 0's rows, product 0's x and y
   const int32_t* ids;
@@ -430,25 +405,20 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
-  const float* swiglu_weights;
-  float swiglu_limit;
 };
 
-template <class Block, int kSlices, bool kSwiglu = false>
+template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
   int k = blockIdx.y;
   int64_t stride = b.expert_bytes;
-  if (!kSwiglu && k >= b.n) k -= b.n, p.w = b.w2, p.y = b.y2, stride = b.expert_bytes2;
-  const int64_t expert = b.ids[k];
-  p.w += expert * stride;
+  if (k >= b.n) k -= b.n, p.w = b.w2, p.y = b.y2, stride = b.expert_bytes2;
+  p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  SwigluOut sw{};
-  if constexpr (kSwiglu) sw = SwigluOut{b.w2 + expert * b.expert_bytes2, b.swiglu_limit, b.swiglu_weights[k]};
   const XDigits x = split_x<16>(p.x, b.n_blocks);
-  mma_tiles<Block, kSlices, cta_warps<kSlices>(), kSwiglu>(p, x, b.n_blocks, b.tiles_per_cta, sw);
+  mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
@@ -474,7 +444,7 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
 template <template <int> class K, int kSlices, typename Arg>
 Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
   constexpr int kCtaWarps = cta_warps<kSlices>();
-  constexpr int64_t kTileRows = kCtaWarps / kSlices * 16 / K<kSlices>::kSides;  // as mma_tiles
+  constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;  // as mma_tiles
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
   const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
   ASSIGN_OR_RETURN(const int per_sm, resident_ctas(reinterpret_cast<const void*>(K<kSlices>::fn), kCtaWarps * 32, smem));
@@ -520,26 +490,17 @@ Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const 
   }
 }
 
-// The kernels launch_slices takes: fn, and kSides (2: a tile's row groups pair gate and up).
 template <int kSlices>
 struct Q4KMma {
   static constexpr auto fn = q4k_mma_kernel<kSlices>;
-  static constexpr int kSides = 1;
 };
 template <int kSlices>
 struct Q2KExpertsMma {
   static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices>;
-  static constexpr int kSides = 1;
-};
-template <int kSlices>
-struct Q2KSwigluMma {
-  static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices, true>;
-  static constexpr int kSides = 2;
 };
 template <int kSlices>
 struct Q3KExpertsMma {
   static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
-  static constexpr int kSides = 1;
 };
 
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 2 the tensor cores at every size,
@@ -596,26 +557,11 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1, nullptr, 0.0f};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
   return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
-}
-
-Status launch_experts_swiglu_mma(const ExecCtx& ctx, const LinearParams& p, const int32_t* ids, int64_t gate_bytes,
-                                 const uint8_t* up, int64_t up_bytes, int n, int64_t y_stride, const float* weights,
-                                 float limit) {
-  if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_swiglu_mma: ", n, " products"));
-  const ExpertMma b{p, ids, gate_bytes, 0, y_stride, p.cols / 256, n, up, nullptr, up_bytes, 1, weights, limit};
-  RETURN_IF_ERROR(check_blocks(b.n_blocks));
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  // The slices the two launches' rows would take (at most 4: a CTA of 8 warps pairs its groups).
-  switch (slices_for(b.n_blocks, (p.rows + 15) / 16 * 2 * n, 4)) {
-    case 4: return launch_slices<Q2KSwigluMma, 4>(p.rows, b.n_blocks, n, st, b);
-    case 2: return launch_slices<Q2KSwigluMma, 2>(p.rows, b.n_blocks, n, st, b);
-    default: return launch_slices<Q2KSwigluMma, 1>(p.rows, b.n_blocks, n, st, b);
-  }
 }
 
 }  // namespace dsflash::kernels

@@ -74,14 +74,4 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
                                    int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
                                    int64_t y_stride, OutRound round = OutRound::kBf16);
 
-// The weighted SwiGLU of n routed experts' gate and up on one x (a decode token), in one launch:
-// y + k y_stride = moe::swiglu of G_{ids[k]} x and U_{ids[k]} x (each rounded as `round`) with
-// limit and weights[k] (device), bit for bit linear_experts_gate_up_cuda then moe::swiglu_cuda.
-// Q2_K on the tensor cores, where linear_experts_swiglu_applies; else Unimplemented.
-bool linear_experts_swiglu_applies(const Weight& gate, int64_t gate_bytes, const Weight& up, int64_t up_bytes, int n,
-                                   const float* x);
-Status linear_experts_swiglu_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
-                                  int64_t up_bytes, const int32_t* ids, int n, const float* x, float limit,
-                                  const float* weights, float* y, int64_t y_stride, OutRound round = OutRound::kBf16);
-
 }  // namespace dsflash::kernels

@@ -40,10 +40,5 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2 = nullptr,
                           float* y2 = nullptr, int64_t expert_bytes2 = 0);
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n);
-// Q2_K gate (p.w, expert stride gate_bytes) and up (up, up_bytes) of the experts ids[0 .. n) on
-// one x, each product's y = swiglu_value(gate row, up row, limit, weights[k]) in one launch.
-Status launch_experts_swiglu_mma(const ExecCtx& ctx, const LinearParams& p, const int32_t* ids, int64_t gate_bytes,
-                                 const uint8_t* up, int64_t up_bytes, int n, int64_t y_stride, const float* weights,
-                                 float limit);
 
 }  // namespace dsflash::kernels

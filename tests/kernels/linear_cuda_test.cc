@@ -12,7 +12,6 @@
 #include "tests/kernels/cuda_test_util.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_cuda.h"
-#include "kernels/moe/moe_cuda.h"
 
 namespace dsflash::kernels {
 namespace {
@@ -446,60 +445,6 @@ TEST_P(LinearCuda, ExpertGateAndUpMatchCpu) {
   }
   cudaStreamDestroy(s);
   for (void* p : std::initializer_list<void*>{dg, du, dx, di, dyg, dyu}) cudaFree(p);
-}
-
-// Gate, up and the weighted SwiGLU in one launch (the decode MoE's Q2_K experts): bit for bit
-// the gate/up launch and then the SwiGLU kernel, at the released shape and at a row count that
-// leaves a partial tile, with and without the clamp.
-TEST_P(LinearCuda, ExpertSwigluInGemvMatchesSeparateLaunches) {
-  const GgmlType type = GetParam();
-  if (type != GgmlType::kQ2_K) GTEST_SKIP() << "Q2_K only";
-  const int64_t K = 5120, E = 8;
-  const int n = 6;
-  const uint64_t rb = *quant::row_bytes(type, K);
-  for (const int64_t N : {int64_t{2304}, int64_t{273}}) {
-    for (const float limit : {0.0f, 0.25f}) {  // 0.25 clamps most gate and up values
-      std::mt19937 rng(911 + static_cast<int>(N));
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::vector<float> wf(static_cast<size_t>(K * N * E)), x(static_cast<size_t>(K));
-      std::vector<uint8_t> gate(rb * N * E), up(rb * N * E);
-      for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
-      ASSERT_TRUE(quant::encode_row(type, wf.data(), gate.data(), K * N * E).ok());
-      for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
-      ASSERT_TRUE(quant::encode_row(type, wf.data(), up.data(), K * N * E).ok());
-      for (float& v : x) v = quant::round_bf16(nd(rng));
-      const std::vector<int32_t> ids = {7, 0, 3, 3, 5, 1};
-      const std::vector<float> weights = {0.5f, 1.25f, 0.125f, 2.0f, 0.75f, 1.0f};
-      uint8_t* dg = to_device(gate);
-      uint8_t* du = to_device(up);
-      float* dx = to_device(x);
-      int32_t* di = to_device(ids);
-      float* dw = to_device(weights);
-      float* da = to_device(std::vector<float>(N * n, std::nanf("")));
-      float* db = to_device(std::vector<float>(N * n, std::nanf("")));
-      float* dy = to_device(std::vector<float>(N * n, std::nanf("")));
-      cudaStream_t s;
-      ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-      const ExecCtx ctx{Backend::kCuda, s};
-      const int64_t eb = static_cast<int64_t>(rb * N);
-      const Weight g{type, K, N, dg, rb}, u{type, K, N, du, rb};
-      ASSERT_TRUE(linear_experts_swiglu_applies(g, eb, u, eb, n, dx)) << N;
-      ASSERT_TRUE(linear_experts_gate_up_cuda(ctx, g, eb, u, eb, di, n, dx, da, db, N).ok());
-      ASSERT_TRUE(moe::swiglu_cuda(ctx, da, db, n, N, limit, dw).ok());
-      ASSERT_TRUE(linear_experts_swiglu_cuda(ctx, g, eb, u, eb, di, n, dx, limit, dw, dy, N).ok());
-      std::vector<float> want(N * n), got(N * n);
-      ASSERT_EQ(cudaMemcpyAsync(want.data(), da, want.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-      ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      for (size_t i = 0; i < got.size(); ++i) {
-        ASSERT_FALSE(std::isnan(want[i])) << i;
-        ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << "N " << N << " limit " << limit << " value " << i << ": "
-                                                          << got[i] << " vs " << want[i];
-      }
-      cudaStreamDestroy(s);
-      for (void* p : std::initializer_list<void*>{dg, du, dx, di, dw, da, db, dy}) cudaFree(p);
-    }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,
