@@ -109,41 +109,6 @@ __global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t
   out[i] = cuda::round_bf16(__fadd_rn(acc, shared[i]));
 }
 
-// combine_routed_kernel for K <= kMaxK: the K outputs are loaded first (independent loads, in
-// route order) and then added in ascending expert order, the same additions; the serial form
-// above waits on one load per addition (ncu, H200, 6 experts x 5,120: 8.2 us a launch, on the
-// decode step's critical chain). Ids of a token are distinct.
-template <int kMaxK>
-__global__ void combine_routed_small_kernel(const float* __restrict__ y, const int32_t* __restrict__ experts,
-                                            const float* __restrict__ shared, int64_t S, int K, int64_t D,
-                                            float* __restrict__ out) {
-  cuda::await_inputs();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= S * D) return;
-  const int64_t t = i / D, d = i % D;
-  int32_t e[kMaxK];
-  float v[kMaxK];
-#pragma unroll
-  for (int k = 0; k < kMaxK; ++k) {
-    e[k] = k < K ? experts[t * K + k] : INT32_MAX;
-    v[k] = k < K ? y[(t * K + k) * D + d] : 0.0f;
-  }
-  float acc = 0.0f;
-#pragma unroll
-  for (int r = 0; r < kMaxK; ++r) {  // the output of rank r (r experts have smaller ids)
-    float pick = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kMaxK; ++k) {
-      int rank = 0;
-#pragma unroll
-      for (int j = 0; j < kMaxK; ++j) rank += e[j] < e[k];
-      if (k < K && rank == r) pick = v[k];
-    }
-    if (r < K) acc = __fadd_rn(acc, pick);
-  }
-  out[i] = cuda::round_bf16(__fadd_rn(acc, shared[i]));
-}
-
 cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
   return cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0,
                             static_cast<cudaStream_t>(ctx.cuda_stream)};
@@ -160,11 +125,6 @@ Status combine_cuda(const ExecCtx& ctx, const float* y, const int32_t* rows, con
 Status combine_routed_cuda(const ExecCtx& ctx, const float* y, const int32_t* experts, const float* shared, int64_t S,
                            int64_t K, int64_t D, float* out) {
   if (S <= 0 || D <= 0) return absl::OkStatus();
-  static const bool serial = cuda::env_int("DSF_COMBINE_SERIAL", 0) != 0;  // measurement: the serial form
-  if (K <= 8 && !serial) {
-    return cuda::launch(combine_routed_small_kernel<8>, flat(ctx, S * D), y, experts, shared, S, static_cast<int>(K), D,
-                        out);
-  }
   return cuda::launch(combine_routed_kernel, flat(ctx, S * D), y, experts, shared, S, K, D, out);
 }
 

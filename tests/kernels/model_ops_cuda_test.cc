@@ -411,17 +411,10 @@ TEST_F(ModelOpsCuda, RoutingAndSwigluMatchCpu) {
     sw.add(a, to_host(da, a.size()), "swiglu");
   }
   std::printf("route: %zu tokens, identical experts, weights within 4e-7 relative\n", routes);
-  // The routed outputs summed per token in ascending expert order, from rows in route order
-  // (K <= 8 loads first, wider K the serial kernel).
-  for (const int64_t K : {int64_t{1}, int64_t{6}, int64_t{8}, int64_t{9}}) {
-    const int64_t S = 3, D = 257;
-    std::vector<int32_t> experts;
-    for (int64_t t = 0; t < S; ++t) {
-      std::vector<int32_t> ids(16);
-      for (int32_t e = 0; e < 16; ++e) ids[e] = e;
-      std::shuffle(ids.begin(), ids.end(), rng);
-      experts.insert(experts.end(), ids.begin(), ids.begin() + K);
-    }
+  // The routed outputs summed per token in ascending expert order, from rows in route order.
+  {
+    const int64_t S = 3, K = 6, D = 257;
+    std::vector<int32_t> experts = {5, 1, 9, 0, 3, 7, 2, 8, 4, 6, 11, 10, 15, 14, 13, 12, 1, 0};
     const std::vector<float> y = bf16_normal(rng, S * K * D, 0.2f), shared = bf16_normal(rng, S * D);
     float* d = dev(nan_vec(S * D));
     ASSERT_TRUE(moe::combine_routed_cuda(ctx(), dev(y), dev(experts), dev(shared), S, K, D, d).ok());
@@ -438,7 +431,7 @@ TEST_F(ModelOpsCuda, RoutingAndSwigluMatchCpu) {
       }
     }
     const std::vector<float> got = to_host(d, want.size());
-    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(quant::f32_bits(got[i]), quant::f32_bits(want[i])) << "K " << K << " " << i;
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(quant::f32_bits(got[i]), quant::f32_bits(want[i])) << i;
   }
   sw.check("swiglu");
 }
