@@ -30,6 +30,16 @@ std::string machine_name() {
   return absl::StrCat(host, " (", kernels::cpu::n_threads(), " threads, ", shell_line("uname -m"), ")");
 }
 
+std::string csv_field(const std::string& text, bool always_quote) {
+  if (!always_quote && text.find_first_of(",\"\n\r") == std::string::npos) return text;
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"') out += '"';  // a quote inside a quoted field is doubled
+    out += c;
+  }
+  return out + '"';
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -52,8 +62,9 @@ Status append_bench_rows(const std::string& csv, const std::string& benchmark, c
   if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot append to '", csv, "'"));
   if (fresh) out << "date,commit,machine,benchmark,configuration,metric,value,unit\n";
   for (const BenchRow& r : rows) {
-    out << date << ',' << commit << ",\"" << machine << "\"," << benchmark << ",\"" << configuration << "\"," << r.metric
-        << ',' << r.value << ',' << r.unit << '\n';
+    out << date << ',' << commit << ',' << csv_field(machine, true) << ',' << csv_field(benchmark) << ','
+        << csv_field(configuration, true) << ',' << csv_field(r.metric) << ',' << r.value << ',' << csv_field(r.unit)
+        << '\n';
     std::printf("%-36s %14.4f %s\n", r.metric.c_str(), r.value, r.unit.c_str());
   }
   std::printf("appended %zu rows to %s (%s)\n", rows.size(), csv.c_str(), machine.c_str());

@@ -19,6 +19,9 @@ struct BenchRow {
 std::string machine_name();
 // First line printed by a shell command ("" if none).
 std::string shell_line(const char* cmd);
+// One CSV field (RFC 4180): quoted where it holds a comma, quote or line break (or always),
+// quotes inside doubled.
+std::string csv_field(const std::string& text, bool always_quote = false);
 double median(std::vector<double> v);
 double percentile(std::vector<double> v, double p);  // p in [0, 1]
 // Appends rows (writing the header to a new file) and prints them.
