@@ -91,4 +91,9 @@ struct KernelTime {
 void set_kernel_timing(bool on);
 StatusOr<std::vector<KernelTime>> kernel_times();
 
+// Starts (start) or ends the range an external profiler records when told to wait for it
+// (`ncu --profile-from-start off`): cudaProfilerStart / cudaProfilerStop, after the device is
+// synchronised so that only the work issued inside the range falls in it.
+Status profiler_range(bool start);
+
 }  // namespace dsflash::kernels

@@ -27,5 +27,6 @@ Status graph_launch(const ExecCtx&, void*) { return no_cuda(); }
 void graph_destroy(void*) {}
 void set_kernel_timing(bool) {}
 StatusOr<std::vector<KernelTime>> kernel_times() { return no_cuda(); }
+Status profiler_range(bool) { return no_cuda(); }
 
 }  // namespace dsflash::kernels

@@ -1,5 +1,6 @@
 // Kernel timing for profiling (see exec.h set_kernel_timing): an event pair per launch,
 // resolved into GPU milliseconds per kernel name when asked.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <cxxabi.h>
 
@@ -93,6 +94,16 @@ void set_kernel_timing(bool on) {
     clear_records();
   }
   g_on = on;
+}
+
+Status profiler_range(bool start) {
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  if (start) {
+    CUDA_RETURN_IF_ERROR(cudaProfilerStart());
+  } else {
+    CUDA_RETURN_IF_ERROR(cudaProfilerStop());
+  }
+  return absl::OkStatus();
 }
 
 StatusOr<std::vector<KernelTime>> kernel_times() {

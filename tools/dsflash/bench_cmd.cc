@@ -1,13 +1,16 @@
 // `dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--warmup W] [--csv PATH]
-//  [--label L] [--backend cpu|cuda] [--expert-activations f32|q8]`: prefill and decode
-// throughput of one sequence (median of R runs after W uncounted warm-up runs, default 1),
-// with the bytes-moved bound for decode, appended to bench/results.csv:
+//  [--label L] [--backend cpu|cuda] [--expert-activations f32|q8] [--profile-step]`: prefill
+// and decode throughput of one sequence (median of R runs after W uncounted warm-up runs,
+// default 1), with the bytes-moved bound for decode, appended to bench/results.csv:
 //   date,commit,machine,benchmark,configuration,metric,value,unit
 // On the CUDA backend also: the median decode step replayed from CUDA graphs and issued eagerly
 // (M further steps), the device's measured copy bandwidth, the fraction of the bound (bytes
 // read per token / copy bandwidth) the graph step reaches, a per-phase breakdown from a further,
 // synchronised (profiled) decode run, the GPU time per kernel of an eager run, and the step with
 // an API request's draw (temperature 1, top-p 0.95) made on the host and on the device.
+// --profile-step (CUDA): instead, after the prompt and M graph decode steps, one more graph step
+// inside the range an external profiler records (kernels::profiler_range; run under
+// `ncu --profile-from-start off`, scripts/gpu-step-profile.sh); no rows are appended.
 #include <unistd.h>
 
 #include <algorithm>
@@ -224,6 +227,30 @@ void kernel_rows(const std::vector<kernels::KernelTime>& times, const std::strin
   }
 }
 
+// --profile-step: one graph decode step, warmed by the prompt and n_decode steps, in the
+// profiler's range.
+Status profile_step(model::Model& m, int64_t n_prompt, int64_t n_decode) {
+  auto seq = m.new_sequence();
+  if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
+  std::vector<float> logits;
+  RETURN_IF_ERROR(m.forward(*seq, bench_prompt(m, n_prompt), false, &logits));
+  auto step = [&]() {
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    return m.forward(*seq, {next}, false, &logits);
+  };
+  for (int64_t i = 0; i < n_decode; ++i) RETURN_IF_ERROR(step());
+  const int64_t replays0 = m.decode_graph_replays();
+  RETURN_IF_ERROR(kernels::profiler_range(true));
+  const Status s = step();
+  RETURN_IF_ERROR(kernels::profiler_range(false));
+  RETURN_IF_ERROR(s);
+  if (m.decode_graph_replays() != replays0 + 1) {
+    return absl::FailedPreconditionError("--profile-step: the profiled step did not run as a CUDA graph");
+  }
+  std::printf("profiled one graph decode step at position %lld\n", static_cast<long long>(n_prompt + n_decode));
+  return absl::OkStatus();
+}
+
 Status run(const Args& a) {
   ASSIGN_OR_RETURN(const int64_t n_prompt, a.get_int("prompt", 64));
   ASSIGN_OR_RETURN(const int64_t n_decode, a.get_int("decode", 16));
@@ -244,6 +271,10 @@ Status run(const Args& a) {
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
   if (n_prompt + (cuda ? 2 : 1) * n_decode > m->config().n_ctx) {
     return absl::InvalidArgumentError("prompt + decode steps exceed the context");
+  }
+  if (a.has("profile-step")) {
+    if (!cuda) return absl::InvalidArgumentError("--profile-step needs --backend cuda");
+    return profile_step(*m, n_prompt, n_decode);
   }
   const int64_t replays0 = m->decode_graph_replays();
   ASSIGN_OR_RETURN(const Result r, measure(*m, n_prompt, n_decode, static_cast<int>(runs), static_cast<int>(warmup), cuda));
@@ -292,12 +323,12 @@ Status run(const Args& a) {
 }  // namespace
 
 int bench_main(const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {}, {"model", "prompt", "decode", "runs", "warmup", "csv", "label", "backend",
+  auto args = Args::parse(argv, {"profile-step"}, {"model", "prompt", "decode", "runs", "warmup", "csv", "label", "backend",
                                         "expert-activations"});
   if (!args.ok() || !args->has("model")) {
     std::fprintf(stderr,
                  "usage: dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--warmup W] [--csv PATH] "
-                 "[--label L] [--backend cpu|cuda] [--expert-activations f32|q8]\n");
+                 "[--label L] [--backend cpu|cuda] [--expert-activations f32|q8] [--profile-step]\n");
     return 2;
   }
   return exit_code(run(*args));
