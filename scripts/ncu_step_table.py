@@ -14,6 +14,7 @@ import datetime
 import re
 import sys
 
+COLUMNS = ("Kernel Name", "Grid Size", "Metric Name", "Metric Unit", "Metric Value")
 UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 
 
@@ -42,10 +43,10 @@ def read_kernels(path):
     if not rows:
         raise ValueError(f"{path}: no ncu rows")
     head = rows[0]
-    for col in ("Kernel Name", "Grid Size", "Metric Name", "Metric Unit", "Metric Value"):
+    for col in COLUMNS:
         if col not in head:
             raise ValueError(f"{path}: no '{col}' column (ncu --csv output expected)")
-    k, g, m, u, v = (head.index(c) for c in ("Kernel Name", "Grid Size", "Metric Name", "Metric Unit", "Metric Value"))
+    k, g, m, u, v = (head.index(c) for c in COLUMNS)
     out = []
     for r in rows[1:]:
         if len(r) != len(head) or r[m] != "gpu__time_duration.sum":
@@ -68,8 +69,11 @@ def table(kernels):
     return sorted(((n, g, c, t) for (n, g), (c, t) in agg.items()), key=lambda r: -r[3])
 
 
-def csv_field(text):
-    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\n\r') else text
+def csv_field(text, always_quote=False):
+    """One CSV field (RFC 4180), as tools/dsflash/bench_csv.cc writes it."""
+    if always_quote or any(c in text for c in ',"\n\r'):
+        return '"' + text.replace('"', '""') + '"'
+    return text
 
 
 def main(argv):
@@ -90,7 +94,7 @@ def main(argv):
     if a.csv:
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         config = f"{a.label}; ncu gpu__time_duration, each kernel alone"
-        prefix = f'{date},{a.commit},"{a.machine}",decode_step_ncu,"{config}"'
+        prefix = f"{date},{a.commit},{csv_field(a.machine, True)},decode_step_ncu,{csv_field(config, True)}"
         with open(a.csv, "a") as f:
             f.write(f"{prefix},kernels_total_ms,{total / 1e3:.4f},{csv_field(f'ms per step ({len(kernels)} kernels)')}\n")
             for name, grid, count, us in rows:

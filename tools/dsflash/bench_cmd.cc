@@ -75,6 +75,11 @@ std::vector<int32_t> bench_prompt(const model::Model& m, int64_t n) {
   return prompt;
 }
 
+// The greedy next token: the index of the largest logit.
+int32_t greedy_next(const std::vector<float>& logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
 // Per run: prefill, n_decode steps (graphs on the CUDA backend), then on the CUDA backend
 // n_decode further steps issued eagerly.
 StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, int runs, int warmup, bool cuda) {
@@ -89,7 +94,7 @@ StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, in
     const auto t1 = std::chrono::steady_clock::now();
     auto decode = [&](std::vector<double>& out) -> Status {
       for (int64_t i = 0; i < n_decode; ++i) {
-        const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        const int32_t next = greedy_next(logits);
         const auto s0 = std::chrono::steady_clock::now();
         RETURN_IF_ERROR(m.forward(*seq, {next}, false, &logits));
         out.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
@@ -234,10 +239,7 @@ Status profile_step(model::Model& m, int64_t n_prompt, int64_t n_decode) {
   if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
   std::vector<float> logits;
   RETURN_IF_ERROR(m.forward(*seq, bench_prompt(m, n_prompt), false, &logits));
-  auto step = [&]() {
-    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    return m.forward(*seq, {next}, false, &logits);
-  };
+  auto step = [&]() { return m.forward(*seq, {greedy_next(logits)}, false, &logits); };
   for (int64_t i = 0; i < n_decode; ++i) RETURN_IF_ERROR(step());
   const int64_t replays0 = m.decode_graph_replays();
   RETURN_IF_ERROR(kernels::profiler_range(true));
@@ -323,8 +325,8 @@ Status run(const Args& a) {
 }  // namespace
 
 int bench_main(const std::vector<std::string>& argv) {
-  auto args = Args::parse(argv, {"profile-step"}, {"model", "prompt", "decode", "runs", "warmup", "csv", "label", "backend",
-                                        "expert-activations"});
+  auto args = Args::parse(argv, {"profile-step"},
+                          {"model", "prompt", "decode", "runs", "warmup", "csv", "label", "backend", "expert-activations"});
   if (!args.ok() || !args->has("model")) {
     std::fprintf(stderr,
                  "usage: dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--warmup W] [--csv PATH] "
