@@ -21,6 +21,7 @@ struct LaunchParams {
   dim3 block;
   size_t smem = 0;
   cudaStream_t stream = nullptr;
+  unsigned cluster_x = 1;  // CTAs a thread block cluster along x (1: no cluster; sm_90 and later)
 };
 
 // A DevScalar's value inside a kernel: read from device memory when it has an address.
@@ -63,16 +64,25 @@ template <typename... KArgs, typename... Args>
 Status launch(void (*kernel)(KArgs...), const LaunchParams& p, Args&&... args) {
   if (p.grid.x == 0) return absl::OkStatus();
   cudaEvent_t start = kernel_timing_on() ? kernel_timing_start(p.stream) : nullptr;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_on()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (p.cluster_x > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = p.cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = p.grid;
   config.blockDim = p.block;
   config.dynamicSmemBytes = p.smem;
   config.stream = p.stream;
   config.attrs = attr;
-  config.numAttrs = pdl_on() ? 1 : 0;
+  config.numAttrs = n;
   CUDA_RETURN_IF_ERROR(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
   if (start != nullptr) kernel_timing_stop(reinterpret_cast<const void*>(kernel), p.stream, start);
   return absl::OkStatus();

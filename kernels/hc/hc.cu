@@ -139,13 +139,14 @@ __global__ void finish_split_kernel(const __grid_constant__ SplitArgs a) {
   finish_split_token(a, blockIdx.x);
 }
 
-// xs[k] = bf16(value(d)) for this thread's values d = threadIdx.x + k kThreads of a row of D
-// (bf16(0) beyond it), every value's loads in one round.
+// xs[k] = bf16(value(d)) for this thread's values d = vt + k kThreads of a row of D (bf16(0)
+// beyond it), vt the thread's index among the row's kThreads, every value's loads in one round.
 template <int kThreads, typename F>
-__device__ __forceinline__ void row_regs(int64_t D, float (&xs)[cuda::kRowRegs], const F& value) {
+__device__ __forceinline__ void row_regs(int64_t D, float (&xs)[cuda::kRowRegs], const F& value,
+                                         int vt = threadIdx.x) {
 #pragma unroll
   for (int k = 0; k < cuda::kRowRegs; ++k) {
-    const int64_t d = threadIdx.x + static_cast<int64_t>(k) * kThreads;
+    const int64_t d = vt + static_cast<int64_t>(k) * kThreads;
     xs[k] = __bfloat162float(__float2bfloat16_rn(d < D ? value(d) : 0.0f));
   }
 }
@@ -240,6 +241,27 @@ __global__ void post_kernel(const float* __restrict__ x, const float* __restrict
   y[k] = post_value(r, x[t * D + d], post + t * C, comb + t * C * C, C, static_cast<int>(j));
 }
 
+// Value d of token t after hc post (its C streams written to h) and hc pre: sum_j pre_t[j] h[j][d].
+template <int kMaxC>
+__device__ __forceinline__ float post_pre_value(const float* __restrict__ x, const float* __restrict__ res,
+                                                const float* __restrict__ post_t, const float* __restrict__ comb_t,
+                                                const float* __restrict__ pre_t, int C, int64_t D, int64_t t,
+                                                int64_t d, float* h) {
+  float r[kMaxC];
+#pragma unroll
+  for (int i = 0; i < kMaxC; ++i) r[i] = i < C ? res[(t * C + i) * D + d] : 0.0f;
+  const float xv = x[t * D + d];
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kMaxC; ++j) {
+    if (j >= C) break;
+    const float hv = post_value<kMaxC>(r, xv, post_t, comb_t, C, j);
+    h[(t * C + j) * D + d] = hv;
+    acc = __fadd_rn(acc, __fmul_rn(pre_t[j], hv));
+  }
+  return acc;
+}
+
 // post_kernel's rows of token t, then pre_norm_token's. Rows of up to kThreads * kRowRegs
 // values: each thread's values and their C streams in registers, every load in one round and
 // the norm's input made from the registers (the same values pre_norm_token reads back); wider
@@ -258,21 +280,7 @@ __global__ void __launch_bounds__(kThreads) post_pre_norm_kernel(const float* __
   const float *post_t = post + t * C, *comb_t = comb + t * C * C, *pre_t = pre + t * C;
   if (D <= kThreads * cuda::kRowRegs) {
     float xs[cuda::kRowRegs];
-    row_regs<kThreads>(D, xs, [&](int64_t d) {
-      float r[kMaxC];
-#pragma unroll
-      for (int i = 0; i < kMaxC; ++i) r[i] = i < C ? res[(t * C + i) * D + d] : 0.0f;
-      const float xv = x[t * D + d];
-      float acc = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kMaxC; ++j) {
-        if (j >= C) break;
-        const float hv = post_value<kMaxC>(r, xv, post_t, comb_t, C, j);
-        h[(t * C + j) * D + d] = hv;
-        acc = __fadd_rn(acc, __fmul_rn(pre_t[j], hv));
-      }
-      return acc;
-    });
+    row_regs<kThreads>(D, xs, [&](int64_t d) { return post_pre_value<kMaxC>(x, res, post_t, comb_t, pre_t, C, D, t, d, h); });
     cuda::rms_scale_regs<kThreads>(xs, norm_w, D, eps, y + t * D);
     return;
   }
@@ -285,6 +293,26 @@ __global__ void __launch_bounds__(kThreads) post_pre_norm_kernel(const float* __
   }
   __syncthreads();
   pre_norm_token<kThreads>(h, pre, C, D, norm_w, eps, y, t);
+}
+
+// post_pre_norm_kernel's register form for rows of up to kThreads * kRowRegs values, its
+// kThreads threads spread over a cluster of kCtas CTAs (one per SM: each SM moves 1/kCtas of
+// the streams) that play the one block's threads: the same values and the same reduction tree
+// (cuda::cluster_sum), so bit for bit the one-block kernel. Grid: kCtas CTAs a token.
+template <int kThreads, int kCtas, int kMaxC>
+__global__ void __launch_bounds__(kThreads / kCtas) post_pre_norm_cluster_kernel(
+    const float* __restrict__ x, const float* __restrict__ res, const float* __restrict__ post,
+    const float* __restrict__ comb, int C, int64_t D, const float* __restrict__ pre, const float* __restrict__ norm_w,
+    float eps, float* h, float* __restrict__ y) {
+  cuda::await_inputs();
+  const int64_t t = blockIdx.x / kCtas;
+  const int vt = static_cast<int>(blockIdx.x % kCtas) * (kThreads / kCtas) + threadIdx.x;
+  const float *post_t = post + t * C, *comb_t = comb + t * C * C, *pre_t = pre + t * C;
+  float xs[cuda::kRowRegs];
+  row_regs<kThreads>(
+      D, xs, [&](int64_t d) { return post_pre_value<kMaxC>(x, res, post_t, comb_t, pre_t, C, D, t, d, h); }, vt);
+  cuda::rms_scale_regs_by<kThreads>(xs, norm_w, D, eps, y + t * D, vt,
+                                    [&](float v) { return cuda::cluster_sum<kThreads, kCtas>(v, vt); });
 }
 
 cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
@@ -415,6 +443,15 @@ Status post_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, 
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   return cuda::with_norm_threads(D, [&](auto threads) {
     constexpr int kThreads = decltype(threads)::value;
+    static const bool clustered = cuda::env_int("DSF_HC_CLUSTER", 1) != 0;
+    if constexpr (kThreads == 1024) {
+      if (clustered && C <= 4 && D <= kThreads * cuda::kRowRegs) {  // one SM's load and store rate would bound it
+        constexpr int kCtas = 8;
+        const cuda::LaunchParams lc{dim3(static_cast<unsigned>(S * kCtas)), dim3(kThreads / kCtas), 0, st, kCtas};
+        return cuda::launch(post_pre_norm_cluster_kernel<kThreads, kCtas, 4>, lc, x, res, post, comb, C, D, pre, norm_w,
+                            norm_eps, h, y);
+      }
+    }
     const cuda::LaunchParams lp{dim3(static_cast<unsigned>(S)), dim3(kThreads), 0, st};
     if (C <= 4) return cuda::launch(post_pre_norm_kernel<kThreads, 4>, lp, x, res, post, comb, C, D, pre, norm_w, norm_eps, h, y);
     return cuda::launch(post_pre_norm_kernel<kThreads, Split::kMaxC>, lp, x, res, post, comb, C, D, pre, norm_w, norm_eps,

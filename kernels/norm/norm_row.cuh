@@ -35,25 +35,32 @@ __device__ __forceinline__ void rms_scale_row(const float* x, const float* __res
 // loaded in one round instead of one round a stride.
 constexpr int kRowRegs = 8;
 
-// rms_scale_row for a row this thread holds: xs[k] = x[threadIdx.x + k kThreads] (those < n);
-// their sum of squares is taken here (fmaf, in k order, as rms_scale_row's callers do). The same
-// values as rms_scale_row.
-template <int kThreads>
-__device__ __forceinline__ void rms_scale_regs(const float (&xs)[kRowRegs], const float* __restrict__ w, int64_t n,
-                                               float eps, float* __restrict__ y) {
+// rms_scale_row for a row this thread holds: xs[k] = x[vt + k kThreads] (those < n), vt the
+// thread's index among the row's kThreads; their sum of squares is taken here (fmaf, in k order,
+// as rms_scale_row's callers do) and summed over the row's threads by sum(ss). With vt =
+// threadIdx.x and block_sum, the same values as rms_scale_row.
+template <int kThreads, typename Sum>
+__device__ __forceinline__ void rms_scale_regs_by(const float (&xs)[kRowRegs], const float* __restrict__ w, int64_t n,
+                                                  float eps, float* __restrict__ y, int vt, const Sum& sum) {
   float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kRowRegs; ++k) {
-    if (threadIdx.x + static_cast<int64_t>(k) * kThreads < n) ss = fmaf(xs[k], xs[k], ss);
+    if (vt + static_cast<int64_t>(k) * kThreads < n) ss = fmaf(xs[k], xs[k], ss);
   }
-  __shared__ float part[kThreads / 32];
-  ss = block_sum<kThreads>(ss, part);
+  ss = sum(ss);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(n) + eps);
 #pragma unroll
   for (int k = 0; k < kRowRegs; ++k) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(k) * kThreads;
+    const int64_t i = vt + static_cast<int64_t>(k) * kThreads;
     if (i < n) y[i] = __bfloat162float(__float2bfloat16_rn(w[i] * (xs[k] * inv)));
   }
+}
+
+template <int kThreads>
+__device__ __forceinline__ void rms_scale_regs(const float (&xs)[kRowRegs], const float* __restrict__ w, int64_t n,
+                                               float eps, float* __restrict__ y) {
+  __shared__ float part[kThreads / 32];
+  rms_scale_regs_by<kThreads>(xs, w, n, eps, y, threadIdx.x, [&](float v) { return block_sum<kThreads>(v, part); });
 }
 
 // The RMSNorm of row x (n values) into y by the block: the row in registers when it fits

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <random>
 
 #include "common/config/config.h"
@@ -412,9 +413,16 @@ TEST_F(ModelOpsCuda, RoutingAndSwigluMatchCpu) {
   }
   std::printf("route: %zu tokens, identical experts, weights within 4e-7 relative\n", routes);
   // The routed outputs summed per token in ascending expert order, from rows in route order.
-  {
-    const int64_t S = 3, K = 6, D = 257;
-    std::vector<int32_t> experts = {5, 1, 9, 0, 3, 7, 2, 8, 4, 6, 11, 10, 15, 14, 13, 12, 1, 0};
+  // K <= 8 loads every row at once, larger K picks rows in turn: both against the definition.
+  for (const int64_t K : {1, 6, 8, 9}) {
+    const int64_t S = 3, D = 257;
+    std::vector<int32_t> experts(static_cast<size_t>(S * K));
+    for (int64_t t = 0; t < S; ++t) {
+      std::vector<int32_t> ids(40);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      std::copy(ids.begin(), ids.begin() + K, experts.begin() + t * K);  // distinct ids in route order
+    }
     const std::vector<float> y = bf16_normal(rng, S * K * D, 0.2f), shared = bf16_normal(rng, S * D);
     float* d = dev(nan_vec(S * D));
     ASSERT_TRUE(moe::combine_routed_cuda(ctx(), dev(y), dev(experts), dev(shared), S, K, D, d).ok());
@@ -434,6 +442,57 @@ TEST_F(ModelOpsCuda, RoutingAndSwigluMatchCpu) {
     for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(quant::f32_bits(got[i]), quant::f32_bits(want[i])) << i;
   }
   sw.check("swiglu");
+}
+
+// A decode token's router and routing in one launch (a cluster of CTAs) give what the router's
+// linear_cuda and route_cuda give, bit for bit: the same logits, experts and weights; shapes it
+// does not take are refused with a reason.
+TEST_F(ModelOpsCuda, FusedRouterEqualsLinearAndRoute) {
+  std::mt19937 rng(41);
+  size_t cases = 0;
+  for (const quant::GgmlType type : {quant::GgmlType::kBF16, quant::GgmlType::kF16}) {
+    for (const int64_t E : {1, 6, 16, 17, 32}) {
+      for (const int64_t cols : {8, 2056, 5120, 8192}) {
+        const std::vector<float> wf = bf16_normal(rng, E * cols, 0.05f), x = bf16_normal(rng, cols);
+        const std::vector<float> bias = bf16_normal(rng, E, 0.1f);
+        std::vector<uint16_t> bits(wf.size());
+        for (size_t i = 0; i < wf.size(); ++i) {
+          bits[i] = type == quant::GgmlType::kBF16 ? quant::f32_to_bf16(wf[i]) : quant::f32_to_f16(wf[i]);
+        }
+        const Weight w{type, cols, E, reinterpret_cast<const uint8_t*>(dev(bits)), static_cast<uint64_t>(cols * 2)};
+        const float* dx = dev(x);
+        ASSERT_TRUE(moe::router_route_applies(w, dx)) << "E=" << E << " cols=" << cols;
+        for (const int64_t K : {int64_t{1}, std::min<int64_t>(6, E), E}) {
+          float* logits = dev(nan_vec(static_cast<size_t>(E)));
+          int32_t *e1 = dev(std::vector<int32_t>(static_cast<size_t>(K), -1)), *e2 = dev(std::vector<int32_t>(K, -1));
+          float *w1 = dev(nan_vec(static_cast<size_t>(K))), *w2 = dev(nan_vec(static_cast<size_t>(K)));
+          ASSERT_TRUE(linear_cuda(ctx(), w, dx, 1, logits, OutRound::kF32).ok());
+          ASSERT_TRUE(moe::route_cuda(ctx(), logits, dev(bias), 1, E, K, true, 2.5f, e1, w1).ok());
+          ASSERT_TRUE(moe::router_route_cuda(ctx(), w, dx, dev(bias), K, true, 2.5f, e2, w2).ok());
+          sync();
+          const std::string at = std::string(quant::traits(type).name) + " E=" + std::to_string(E) +
+                                 " cols=" + std::to_string(cols) + " K=" + std::to_string(K);
+          EXPECT_EQ(copy_back(e1, static_cast<size_t>(K)), copy_back(e2, static_cast<size_t>(K))) << at;
+          const std::vector<float> a = to_host(w1, static_cast<size_t>(K)), b = to_host(w2, static_cast<size_t>(K));
+          for (int64_t k = 0; k < K; ++k) ASSERT_EQ(quant::f32_bits(a[k]), quant::f32_bits(b[k])) << at << " slot " << k;
+          ++cases;
+        }
+      }
+    }
+  }
+  std::printf("fused router: %zu cases identical to linear + route\n", cases);
+  const std::vector<uint16_t> bits(33 * 8200, 0);
+  const uint8_t* d = reinterpret_cast<const uint8_t*>(dev(bits));
+  const float* x = dev(std::vector<float>(8200, 0.0f));
+  EXPECT_FALSE(moe::router_route_applies(Weight{quant::GgmlType::kBF16, 8, 33, d, 16}, x));      // 33 experts
+  EXPECT_FALSE(moe::router_route_applies(Weight{quant::GgmlType::kBF16, 8200, 4, d, 16400}, x));  // too wide
+  EXPECT_FALSE(moe::router_route_applies(Weight{quant::GgmlType::kF32, 8, 4, d, 32}, x));        // f32 rows
+  const Status s = moe::router_route_cuda(ctx(), Weight{quant::GgmlType::kBF16, 8, 33, d, 16}, x, x, 6, true, 1.0f,
+                                          nullptr, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_FALSE(moe::router_route_cuda(ctx(), Weight{quant::GgmlType::kBF16, 8, 4, d, 16}, x, x, 5, true, 1.0f, nullptr,
+                                      nullptr)
+                   .ok());  // k > E
 }
 
 TEST_F(ModelOpsCuda, EngramGateAndSplitMatchCpu) {

@@ -242,13 +242,14 @@ TEST_F(OpsCuda, QdqIsBitExact) {
 // The fused sub-layer forms equal the ops they join (checked against the CPU above), bit for
 // bit: mixes + split (a warp per token for C = 4; the two ops for C = 6) and hc pre + RMSNorm
 // (256 and 1024 threads per row), the sub-layer entry joining both, and the exit joining hc post
-// to the next sub-layer's pre + RMSNorm.
+// to the next sub-layer's pre + RMSNorm (one block a token, or a cluster of CTAs for C <= 4 at
+// 1,024 threads a row).
 TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
   std::mt19937 rng(23);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (const int C : {4, 6}) {
     const int M = (2 + C) * C;
-    for (int64_t D : {17, 257, 5120}) {
+    for (int64_t D : {17, 257, 2049, 5120, 8192}) {  // 1024 threads a row from 2,048: a cluster of 8 CTAs for C <= 4
       for (int64_t S : {1, 3}) {
         std::vector<float> h(static_cast<size_t>(S * C * D)), fn(static_cast<size_t>(M * C * D)), base(M), nw(D);
         for (float& v : h) v = quant::round_bf16(nd(rng));
