@@ -24,6 +24,7 @@
 #include "kernels/hc/hc.h"
 #include "kernels/hc/hc_cuda.h"
 #include "kernels/linear/linear.h"
+#include "kernels/linear/linear_cuda.h"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/norm/norm_cuda.h"
