@@ -41,6 +41,11 @@ bool pdl_on() {
   return on;
 }
 
+int stream_priority(cudaStream_t stream) {
+  int priority = 0;
+  return cudaStreamGetPriority(stream, &priority) == cudaSuccess ? priority : 0;
+}
+
 int sm_count() {
   static const int n = [] {
     int dev = 0, sms = 0;
@@ -59,9 +64,15 @@ bool cuda_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-StatusOr<void*> stream_create() {
+StatusOr<void*> stream_create(bool high_priority) {
   cudaStream_t s = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (high_priority) {
+    int least = 0, greatest = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
+  } else {
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  }
   return static_cast<void*>(s);
 }
 
