@@ -33,10 +33,8 @@ struct DevScalar {
 // True when this build has the CUDA backend and a usable device is present.
 bool cuda_available();
 
-// A new non-blocking stream (as a void*), and its release. A high-priority stream's kernels
-// (a decode step's critical chain) get SMs before those of default streams (its branches) when
-// both have blocks waiting; captured launches keep the priority (cuda::launch sets it per launch).
-StatusOr<void*> stream_create(bool high_priority = false);
+// A new non-blocking stream (as a void*), and its release.
+StatusOr<void*> stream_create();
 void stream_destroy(void* stream);
 Status stream_sync(const ExecCtx& ctx);
 

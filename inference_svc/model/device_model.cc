@@ -196,13 +196,7 @@ StatusOr<std::unique_ptr<DeviceModel>> DeviceModel::load(const gguf::Model& file
 
 StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::new_sequence() const {
   auto s = std::make_shared<DeviceSequence>();
-  // The step's main chain ahead of its branches where both wait for SMs (DSF_CHAIN_PRIORITY=0:
-  // all streams equal, for measurement).
-  static const bool chain_first = [] {
-    const char* e = std::getenv("DSF_CHAIN_PRIORITY");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
-  ASSIGN_OR_RETURN(void* stream, kernels::stream_create(chain_first));
+  ASSIGN_OR_RETURN(void* stream, kernels::stream_create());
   s->ctx = ExecCtx{kernels::Backend::kCuda, stream};
   static const bool branches = [] {
     const char* e = std::getenv("DSF_BRANCHES");

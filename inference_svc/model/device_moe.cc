@@ -85,17 +85,12 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
     RETURN_IF_ERROR(side.fork());
     RETURN_IF_ERROR(shared_expert(w, cfg_.layers[l], side.ctx(), 1, x, shared.get()));
   }
+  ASSIGN_OR_RETURN(auto logits, DevBuf<float>::make(ctx, S * E));
+  RETURN_IF_ERROR(dev_linear(ctx, w.gate_inp, x, S, logits.get(), kernels::OutRound::kF32));
   ASSIGN_OR_RETURN(auto experts, DevBuf<int32_t>::make(ctx, S * K));
   ASSIGN_OR_RETURN(auto weights, DevBuf<float>::make(ctx, S * K));
-  if (S == 1 && kernels::moe::router_route_applies(w.gate_inp, x)) {  // one launch, the same routing
-    RETURN_IF_ERROR(kernels::moe::router_route_cuda(ctx, w.gate_inp, x, w.exp_probs_b, K, cfg_.norm_topk,
-                                                    cfg_.route_scale, experts.get(), weights.get()));
-  } else {
-    ASSIGN_OR_RETURN(auto logits, DevBuf<float>::make(ctx, S * E));
-    RETURN_IF_ERROR(dev_linear(ctx, w.gate_inp, x, S, logits.get(), kernels::OutRound::kF32));
-    RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk,
-                                             cfg_.route_scale, experts.get(), weights.get()));
-  }
+  RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
+                                           experts.get(), weights.get()));
   if (call.segmenting != nullptr) {
     // A streamed decode step being captured: the segment ends with the routing copied to the
     // host; the next starts by copying the slots the host acquired (device_graph.cc).

@@ -7,7 +7,7 @@ Status no_cuda() { return absl::FailedPreconditionError("dsflash was built witho
 }  // namespace
 
 bool cuda_available() { return false; }
-StatusOr<void*> stream_create(bool) { return no_cuda(); }
+StatusOr<void*> stream_create() { return no_cuda(); }
 void stream_destroy(void*) {}
 Status stream_sync(const ExecCtx&) { return no_cuda(); }
 StatusOr<void*> device_alloc(const ExecCtx&, size_t) { return no_cuda(); }

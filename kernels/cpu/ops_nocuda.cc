@@ -57,11 +57,6 @@ Status gate_update_cuda(const ExecCtx&, float*, const float*, const float*, int,
 }  // namespace engram
 
 namespace moe {
-bool router_route_applies(const Weight&, const float*) { return false; }
-Status router_route_cuda(const ExecCtx&, const Weight&, const float*, const float*, int64_t, bool, float, int32_t*,
-                         float*) {
-  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
-}
 Status route_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_t, int64_t, bool, float, int32_t*, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

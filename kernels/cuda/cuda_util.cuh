@@ -51,9 +51,6 @@ long long env_int(const char* name, long long fallback);
 // Whether `launch` asks for programmatic dependent launch: yes unless DSF_PDL=0 (measurement).
 bool pdl_on();
 
-// The priority of `stream` (0, the default, also where the runtime cannot say).
-int stream_priority(cudaStream_t stream);
-
 // The current device's SMs (asked once; 1 if the runtime cannot say).
 int sm_count();
 
@@ -67,12 +64,8 @@ template <typename... KArgs, typename... Args>
 Status launch(void (*kernel)(KArgs...), const LaunchParams& p, Args&&... args) {
   if (p.grid.x == 0) return absl::OkStatus();
   cudaEvent_t start = kernel_timing_on() ? kernel_timing_start(p.stream) : nullptr;
-  cudaLaunchAttribute attr[3];
+  cudaLaunchAttribute attr[2];
   unsigned n = 0;
-  if (const int priority = stream_priority(p.stream); priority != 0) {  // kept by stream capture
-    attr[n].id = cudaLaunchAttributePriority;
-    attr[n++].val.priority = priority;
-  }
   if (pdl_on()) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n++].val.programmaticStreamSerializationAllowed = 1;

@@ -41,11 +41,6 @@ bool pdl_on() {
   return on;
 }
 
-int stream_priority(cudaStream_t stream) {
-  int priority = 0;
-  return cudaStreamGetPriority(stream, &priority) == cudaSuccess ? priority : 0;
-}
-
 int sm_count() {
   static const int n = [] {
     int dev = 0, sms = 0;
@@ -64,15 +59,9 @@ bool cuda_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-StatusOr<void*> stream_create(bool high_priority) {
+StatusOr<void*> stream_create() {
   cudaStream_t s = nullptr;
-  if (high_priority) {
-    int least = 0, greatest = 0;
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest));
-  } else {
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  }
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   return static_cast<void*>(s);
 }
 

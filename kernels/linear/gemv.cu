@@ -403,20 +403,12 @@ Status launch_split(int split, int64_t rows, int n, cudaStream_t stream, const A
 template <template <GgmlType, int, int> class K, GgmlType kType, typename Arg>
 Status launch_rows(int64_t rows, int64_t cols, int n, cudaStream_t stream, const Arg& arg) {
   const int64_t total = rows * n;
-  int r = total >= kRowsFor4 ? 4 : total >= kRowsFor2 ? 2 : 1;
+  const int r = total >= kRowsFor4 ? 4 : total >= kRowsFor2 ? 2 : 1;
   // Q2_K / Q3_K (8 super-blocks per warp step) measured slower split (6 experts' gate: 2.97 ->
   // 3.26 ms per token on the H200); Q4_K / Q6_K (4 per step) split.
   constexpr bool kSplits = kType == GgmlType::kQ4_K || kType == GgmlType::kQ6_K;
   int split = 1;
   while (kSplits && split < 8 && (total / r) * split < kWarpsWanted && cols / 256 >= 4 * split * 2) split *= 2;
-  if constexpr (kType == GgmlType::kQ6_K) {  // measurement: DSF_Q6K_ROWS (1, 2, 4), DSF_Q6K_SPLIT (1, 2, 4, 8)
-    static const int rows_env = static_cast<int>(cuda::env_int("DSF_Q6K_ROWS", 0));
-    static const int split_env = static_cast<int>(cuda::env_int("DSF_Q6K_SPLIT", 0));
-    if (rows_env == 1 || rows_env == 2 || rows_env == 4) r = rows_env;
-    if ((split_env == 1 || split_env == 2 || split_env == 4 || split_env == 8) && cols / 256 >= 4 * split_env) {
-      split = split_env;
-    }
-  }
   if (r == 4) return launch_split<K, kType, 4>(split, rows, n, stream, arg);
   if (r == 2) return launch_split<K, kType, 2>(split, rows, n, stream, arg);
   return launch_split<K, kType, 1>(split, rows, n, stream, arg);

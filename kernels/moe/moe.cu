@@ -1,36 +1,33 @@
 // MoE kernels (see moe_cuda.h).
-#include <cooperative_groups.h>
-#include <cuda_fp16.h>
-
-#include "absl/strings/str_cat.h"
-#include "common/quant/quant.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/math.cuh"
-#include "kernels/cuda/reduce.cuh"
-#include "kernels/linear/linear.h"
 #include "kernels/moe/moe_cuda.h"
 
 namespace dsflash::kernels::moe {
 namespace {
 
-using quant::GgmlType;
-
-// The routing of one token's logits on one warp (the calling thread's lane = threadIdx.x & 31):
-// sqrt-softplus scores and biased scores in shared memory (score, biased: E floats, taken: E
-// bytes), then k rounds of a warp arg-max (ties towards the lower index) over the experts not
-// yet chosen.
-__device__ __forceinline__ void route_token(const float* logits, const float* __restrict__ bias, int64_t E, int64_t k,
-                                            bool norm_topk, float route_scale, float* score, float* biased,
-                                            uint8_t* taken, int32_t* __restrict__ et, float* __restrict__ wt) {
-  const int lane = threadIdx.x & 31;
+// One warp per token: sqrt-softplus scores and biased scores in shared memory, then k rounds
+// of a warp arg-max (ties towards the lower index) over the experts not yet chosen.
+__global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t E, int64_t k,
+                             bool norm_topk, float route_scale, int32_t* __restrict__ experts,
+                             float* __restrict__ weights) {
+  cuda::await_inputs();
+  extern __shared__ float smem[];
+  float* score = smem;        // [E]
+  float* biased = smem + E;   // [E]
+  uint8_t* taken = reinterpret_cast<uint8_t*>(smem + 2 * E);
+  const int lane = threadIdx.x;
+  const int64_t t = blockIdx.x;
   for (int64_t e = lane; e < E; e += 32) {
-    const float z = logits[e];
+    const float z = logits[t * E + e];
     const float sp = z > 20.0f ? z : log1pf(expf(z));
     score[e] = sqrtf(sp);
     biased[e] = __fadd_rn(score[e], bias[e]);
     taken[e] = 0;
   }
   __syncwarp();
+  int32_t* et = experts + t * k;
+  float* wt = weights + t * k;
   for (int64_t r = 0; r < k; ++r) {
     float best = -INFINITY;
     int32_t arg = -1;
@@ -65,98 +62,48 @@ __device__ __forceinline__ void route_token(const float* logits, const float* __
   }
 }
 
-// One warp per token.
-__global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t E, int64_t k,
-                             bool norm_topk, float route_scale, int32_t* __restrict__ experts,
-                             float* __restrict__ weights) {
+// route_kernel for E <= 32: lane e holds expert e's scores in registers, each round's arg-max is
+// the same butterfly over the same (value, index) pairs, the chosen lane marks itself, and every
+// lane adds the chosen scores in pick order (route_kernel's lane 0 sum): the same experts and
+// weights bit for bit, without the shared-memory passes and lane 0's reads back.
+__global__ void route_lanes_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t E,
+                                   int64_t k, bool norm_topk, float route_scale, int32_t* __restrict__ experts,
+                                   float* __restrict__ weights) {
   cuda::await_inputs();
-  extern __shared__ float smem[];
+  const int lane = threadIdx.x;
   const int64_t t = blockIdx.x;
-  route_token(logits + t * E, bias, E, k, norm_topk, route_scale, smem, smem + E,
-              reinterpret_cast<uint8_t*>(smem + 2 * E), experts + t * k, weights + t * k);
-}
-
-// One decode token's router and routing in one launch, for few experts: a cluster of kCtas
-// CTAs, CTA c taking rows c, c + kCtas, ... (at most kRows), each row summed as
-// linear_wide16_kernel sums it (each thread 8 columns a load at i = threadIdx.x + m kThreads,
-// fmaf in column order, then block_sum), so the logits are that kernel's bit for bit. A CTA's
-// weights are in registers before it waits for x (nothing earlier writes them). The logits
-// meet in CTA 0's shared memory, whose first warp routes them as route_kernel.
-constexpr int kRouterThreads = 256, kRouterCtas = 8, kRouterIters = 4;  // columns up to 8 x 256 x 4
-
-struct RouterArgs {
-  const uint8_t* w;
-  int64_t row_bytes, cols, E, k;
-  const float* x;
-  const float* bias;
-  bool norm_topk;
-  float route_scale;
-  int32_t* experts;
-  float* weights;
-};
-
-template <GgmlType kType, int kRows>
-__global__ void __launch_bounds__(kRouterThreads) router_route_kernel(const __grid_constant__ RouterArgs a) {
-  static_assert(kType == GgmlType::kBF16 || kType == GgmlType::kF16);
-  extern __shared__ float smem[];  // CTA 0's: logits, scores, biased scores [E] each, taken [E] bytes
-  __shared__ float part[kRouterThreads / 32];
-  const int rank = blockIdx.x;
-  const int64_t n8 = a.cols / 8;
-  uint4 w[kRows][kRouterIters];
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    const int64_t row = rank + static_cast<int64_t>(j) * kRouterCtas;
-    const uint4* wr = reinterpret_cast<const uint4*>(a.w + row * a.row_bytes);
-#pragma unroll
-    for (int m = 0; m < kRouterIters; ++m) {
-      const int64_t i = threadIdx.x + static_cast<int64_t>(m) * kRouterThreads;
-      w[j][m] = row < a.E && i < n8 ? wr[i] : make_uint4(0, 0, 0, 0);
+  float score = 0.0f, biased = -INFINITY;
+  if (lane < E) {
+    const float z = logits[t * E + lane];
+    const float sp = z > 20.0f ? z : log1pf(expf(z));
+    score = sqrtf(sp);
+    biased = __fadd_rn(score, bias[lane]);
+  }
+  bool taken = lane >= E;
+  int rank = -1;
+  float sum = 0.0f;
+  for (int64_t r = 0; r < k; ++r) {
+    float best = taken ? -INFINITY : biased;
+    int32_t arg = taken ? -1 : lane;
+    for (int off = 16; off > 0; off >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+      const int32_t oa = __shfl_xor_sync(0xffffffffu, arg, off);
+      if (oa >= 0 && (arg < 0 || ob > best || (ob == best && oa < arg))) {
+        best = ob;
+        arg = oa;
+      }
     }
-  }
-  cuda::await_inputs();
-  const auto lo = [](uint32_t v) {
-    if constexpr (kType == GgmlType::kBF16) return __uint_as_float(v << 16);
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(v & 0xffffu)));
-  };
-  const auto hi = [](uint32_t v) {
-    if constexpr (kType == GgmlType::kBF16) return __uint_as_float(v & 0xffff0000u);
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(v >> 16)));
-  };
-  const float4* x4 = reinterpret_cast<const float4*>(a.x);
-  float acc[kRows];
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) acc[j] = 0.0f;
-#pragma unroll
-  for (int m = 0; m < kRouterIters; ++m) {
-    const int64_t i = threadIdx.x + static_cast<int64_t>(m) * kRouterThreads;
-    if (i >= n8) break;
-    const float4 p = x4[2 * i], q = x4[2 * i + 1];
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      const uint4 v = w[j][m];
-      acc[j] = fmaf(lo(v.x), p.x, acc[j]);
-      acc[j] = fmaf(hi(v.x), p.y, acc[j]);
-      acc[j] = fmaf(lo(v.y), p.z, acc[j]);
-      acc[j] = fmaf(hi(v.y), p.w, acc[j]);
-      acc[j] = fmaf(lo(v.z), q.x, acc[j]);
-      acc[j] = fmaf(hi(v.z), q.y, acc[j]);
-      acc[j] = fmaf(lo(v.w), q.z, acc[j]);
-      acc[j] = fmaf(hi(v.w), q.w, acc[j]);
+    if (lane == arg) {
+      taken = true;
+      rank = static_cast<int>(r);
+      experts[t * k + r] = arg;
     }
+    sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, score, arg));
   }
-  namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
-  float* logits0 = cluster.map_shared_rank(smem, 0);
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    const int64_t row = rank + static_cast<int64_t>(j) * kRouterCtas;
-    const float sum = cuda::block_sum<kRouterThreads>(acc[j], part);
-    if (threadIdx.x == 0 && row < a.E) logits0[row] = sum;
-  }
-  cluster.sync();
-  if (rank == 0 && threadIdx.x < 32) {
-    route_token(smem, a.bias, a.E, a.k, a.norm_topk, a.route_scale, smem + a.E, smem + 2 * a.E,
-                reinterpret_cast<uint8_t*>(smem + 3 * a.E), a.experts, a.weights);
+  if (rank >= 0) {
+    float w = score;
+    if (norm_topk && k > 1) w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
+    weights[t * k + rank] = __fmul_rn(w, route_scale);
   }
 }
 
@@ -207,7 +154,7 @@ __global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t
   out[i] = cuda::round_bf16(__fadd_rn(acc, shared[i]));
 }
 
-// combine_routed_kernel for K <= kMaxK: every row's value loaded at once (they do not depend on
+// combine_routed_kernel for K <= kCombineMaxK: every row's value loaded at once (they do not depend on
 // the order), then summed in ascending expert id through each row's rank (constant register
 // indices only), the same additions in the same order.
 constexpr int kCombineMaxK = 8;
@@ -275,40 +222,18 @@ Status route_cuda(const ExecCtx& ctx, const float* logits, const float* bias, in
   if (E <= 0 || E > 8192 || k <= 0 || k > E) {
     return absl::InvalidArgumentError(absl::StrCat("route_cuda: ", k, " of ", E, " experts"));
   }
+  static const bool lanes = cuda::env_int("DSF_ROUTE_LANES", 1) != 0;  // measurement
+  if (E <= 32 && lanes) {
+    return cuda::launch(route_lanes_kernel,
+                        cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), 0,
+                                           static_cast<cudaStream_t>(ctx.cuda_stream)},
+                        logits, bias, E, k, norm_topk, route_scale, experts, weights);
+  }
   const size_t smem = 2 * static_cast<size_t>(E) * sizeof(float) + static_cast<size_t>(E);
   return cuda::launch(route_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), smem,
                                          static_cast<cudaStream_t>(ctx.cuda_stream)},
                       logits, bias, E, k, norm_topk, route_scale, experts, weights);
-}
-
-bool router_route_applies(const Weight& w, const float* x) {
-  static const bool on = cuda::env_int("DSF_FUSED_ROUTE", 1) != 0;  // measurement
-  return on && (w.type == GgmlType::kBF16 || w.type == GgmlType::kF16) && w.rows >= 1 &&
-         w.rows <= 4 * kRouterCtas && w.cols % 8 == 0 && w.cols <= 8 * kRouterThreads * kRouterIters &&
-         reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(x) % 16 == 0;
-}
-
-Status router_route_cuda(const ExecCtx& ctx, const Weight& w, const float* x, const float* bias, int64_t k,
-                         bool norm_topk, float route_scale, int32_t* experts, float* weights) {
-  if (!router_route_applies(w, x) || k <= 0 || k > w.rows) {
-    return absl::InvalidArgumentError(absl::StrCat("router_route_cuda: ", k, " of ", w.rows, " experts of ", w.cols,
-                                                   " columns (", quant::traits(w.type).name,
-                                                   ") is not a shape the fused router takes"));
-  }
-  const RouterArgs a{w.data, static_cast<int64_t>(w.row_bytes), w.cols, w.rows, k, x, bias, norm_topk, route_scale,
-                     experts, weights};
-  const size_t smem = 3 * static_cast<size_t>(w.rows) * sizeof(float) + static_cast<size_t>(w.rows);
-  const cuda::LaunchParams lp{dim3(kRouterCtas), dim3(kRouterThreads), smem, static_cast<cudaStream_t>(ctx.cuda_stream),
-                              kRouterCtas};
-  const bool two = w.rows <= 2 * kRouterCtas;
-  if (w.type == GgmlType::kBF16) {
-    return two ? cuda::launch(router_route_kernel<GgmlType::kBF16, 2>, lp, a)
-               : cuda::launch(router_route_kernel<GgmlType::kBF16, 4>, lp, a);
-  }
-  return two ? cuda::launch(router_route_kernel<GgmlType::kF16, 2>, lp, a)
-             : cuda::launch(router_route_kernel<GgmlType::kF16, 4>, lp, a);
 }
 
 Status swiglu_cuda(const ExecCtx& ctx, float* a, const float* b, int64_t S, int64_t F, float limit,

@@ -8,23 +8,12 @@
 
 #include "common/status.h"
 #include "kernels/exec.h"
-#include "kernels/linear/linear.h"
 
 namespace dsflash::kernels::moe {
 
 // experts[S][k], weights[S][k] = route() of each row of logits [S][E] with bias [E]. E <= 8192.
 Status route_cuda(const ExecCtx& ctx, const float* logits, const float* bias, int64_t S, int64_t E, int64_t k,
                   bool norm_topk, float route_scale, int32_t* experts, float* weights);
-
-// Whether router_route_cuda takes router w (E = w.rows experts) and input x: bf16 or f16, at
-// most 32 experts, at most 8,192 columns in multiples of 8, 16-byte aligned rows and x.
-bool router_route_applies(const Weight& w, const float* x);
-
-// One token's router logits w x ([E] fp32, as linear_cuda computes them for one token, bit for
-// bit) and route_cuda of them, in one launch (the logits are not kept). InvalidArgument where
-// router_route_applies is false.
-Status router_route_cuda(const ExecCtx& ctx, const Weight& w, const float* x, const float* bias, int64_t k,
-                         bool norm_topk, float route_scale, int32_t* experts, float* weights);
 
 // a[t][*] = swiglu(a[t], b[t], F, limit, weight[t]) for t < S, a and b [S][F]; weight null = 1.
 Status swiglu_cuda(const ExecCtx& ctx, float* a, const float* b, int64_t S, int64_t F, float limit,
