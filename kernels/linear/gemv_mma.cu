@@ -535,11 +535,13 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
   b.n_blocks = p[0].cols / 256;
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
-  // At most 8 slices (DSF_MMA_Q4K_SLICES, for measurement): on the H200 the attention output's
-  // products and the shared expert's gate and up took 2.14 ms a token at 8 against 2.48 at 16
-  // (eager kernel time; 16 rows a CTA either way, half the warps splitting x at 8).
+  // At most 16 slices (DSF_MMA_Q4K_SLICES, for measurement). At 6cca49b 8 was better (the
+  // attention output's products and the shared expert's gate and up 2.14 ms a token against
+  // 2.48 at 16, a graph step 8.34 against 8.76 ms); since the chain's small kernels shrank, 16
+  // gives the shorter graph step on the H200 (7.21-7.22 against 7.25-7.27 ms, three pairs of
+  // runs, 157a826), though each launch alone is slower (wo_b 17.2 against 16.3 us under ncu).
   static const int max_slices = [] {  // a power of two in [1, 16]
-    const long long v = env_int("DSF_MMA_Q4K_SLICES", 8);
+    const long long v = env_int("DSF_MMA_Q4K_SLICES", 16);
     int m = 1;
     while (m < 16 && 2 * m <= v) m *= 2;
     return m;
