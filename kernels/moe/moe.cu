@@ -6,6 +6,19 @@
 namespace dsflash::kernels::moe {
 namespace {
 
+// The warp's largest (best, arg) pair, ties to the lower arg, arg < 0 for none: every lane
+// ends with the same pair (a butterfly over a total order).
+__device__ __forceinline__ void warp_argmax(float& best, int32_t& arg) {
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+    const int32_t oa = __shfl_xor_sync(0xffffffffu, arg, off);
+    if (oa >= 0 && (arg < 0 || ob > best || (ob == best && oa < arg))) {
+      best = ob;
+      arg = oa;
+    }
+  }
+}
+
 // One warp per token: sqrt-softplus scores and biased scores in shared memory, then k rounds
 // of a warp arg-max (ties towards the lower index) over the experts not yet chosen.
 __global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t E, int64_t k,
@@ -37,14 +50,7 @@ __global__ void route_kernel(const float* __restrict__ logits, const float* __re
         arg = static_cast<int32_t>(e);
       }
     }
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
-      const int32_t oa = __shfl_xor_sync(0xffffffffu, arg, off);
-      if (oa >= 0 && (arg < 0 || ob > best || (ob == best && oa < arg))) {
-        best = ob;
-        arg = oa;
-      }
-    }
+    warp_argmax(best, arg);
     if (lane == 0) {
       et[r] = arg;
       taken[arg] = 1;
@@ -85,14 +91,7 @@ __global__ void route_lanes_kernel(const float* __restrict__ logits, const float
   for (int64_t r = 0; r < k; ++r) {
     float best = taken ? -INFINITY : biased;
     int32_t arg = taken ? -1 : lane;
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, off);
-      const int32_t oa = __shfl_xor_sync(0xffffffffu, arg, off);
-      if (oa >= 0 && (arg < 0 || ob > best || (ob == best && oa < arg))) {
-        best = ob;
-        arg = oa;
-      }
-    }
+    warp_argmax(best, arg);
     if (lane == arg) {
       taken = true;
       rank = static_cast<int>(r);
@@ -133,17 +132,14 @@ __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __res
   out[i] = cuda::round_bf16(__fadd_rn(acc, shared[i]));
 }
 
-__global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t* __restrict__ experts,
-                                      const float* __restrict__ shared, int64_t S, int64_t K, int64_t D,
-                                      float* __restrict__ out) {
-  cuda::await_inputs();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= S * D) return;
-  const int64_t t = i / D, d = i % D;
-  const int32_t* e = experts + t * K;
+// Token t's K routed outputs at column d (row t K + k holds expert e[k]'s), summed from 0.0f in
+// ascending expert id: the next larger id each time (ids of a token are distinct), each row
+// loaded once chosen.
+__device__ __forceinline__ float routed_sum_serial(const float* __restrict__ y, const int32_t* __restrict__ e,
+                                                   int64_t t, int64_t K, int64_t D, int64_t d) {
   float acc = 0.0f;
   int32_t prev = -1;
-  for (int64_t n = 0; n < K; ++n) {  // the next larger expert id each time (ids of a token are distinct)
+  for (int64_t n = 0; n < K; ++n) {
     int64_t best = -1;
     for (int64_t k = 0; k < K; ++k) {
       if (e[k] > prev && (best < 0 || e[k] < e[best])) best = k;
@@ -151,27 +147,21 @@ __global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t
     acc = __fadd_rn(acc, y[(t * K + best) * D + d]);
     prev = e[best];
   }
-  out[i] = cuda::round_bf16(__fadd_rn(acc, shared[i]));
+  return acc;
 }
 
-// combine_routed_kernel for K <= kCombineMaxK: every row's value loaded at once (they do not depend on
-// the order), then summed in ascending expert id through each row's rank (constant register
-// indices only), the same additions in the same order.
+// routed_sum_serial for K <= kCombineMaxK: every row loaded at once (the loads do not depend on
+// the order), then added in ascending expert id through each row's rank among the ids, from
+// constant register indices: the same additions in the same order.
 constexpr int kCombineMaxK = 8;
 
-__global__ void combine_routed_loaded_kernel(const float* __restrict__ y, const int32_t* __restrict__ experts,
-                                             const float* __restrict__ shared, int64_t S, int64_t K, int64_t D,
-                                             float* __restrict__ out) {
-  cuda::await_inputs();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= S * D) return;
-  const int64_t t = i / D, d = i % D;
+__device__ __forceinline__ float routed_sum_loaded(const float* __restrict__ y, const int32_t* __restrict__ e,
+                                                   int64_t t, int64_t K, int64_t D, int64_t d) {
   int32_t id[kCombineMaxK];
   float v[kCombineMaxK];
-  const float sh = shared[i];
 #pragma unroll
   for (int k = 0; k < kCombineMaxK; ++k) {
-    id[k] = k < K ? experts[t * K + k] : 0;
+    id[k] = k < K ? e[k] : 0;
     v[k] = k < K ? y[(t * K + k) * D + d] : 0.0f;
   }
   int rank[kCombineMaxK];
@@ -190,6 +180,19 @@ __global__ void combine_routed_loaded_kernel(const float* __restrict__ y, const 
     for (int k = 0; k < kCombineMaxK; ++k) pick = k < K && rank[k] == r ? v[k] : pick;
     acc = __fadd_rn(acc, pick);
   }
+  return acc;
+}
+
+__global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t* __restrict__ experts,
+                                      const float* __restrict__ shared, int64_t S, int64_t K, int64_t D, bool loaded,
+                                      float* __restrict__ out) {
+  cuda::await_inputs();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= S * D) return;
+  const int64_t t = i / D, d = i % D;
+  const float sh = shared[i];
+  const float acc = loaded ? routed_sum_loaded(y, experts + t * K, t, K, D, d)
+                           : routed_sum_serial(y, experts + t * K, t, K, D, d);
   out[i] = cuda::round_bf16(__fadd_rn(acc, sh));
 }
 
@@ -210,10 +213,8 @@ Status combine_routed_cuda(const ExecCtx& ctx, const float* y, const int32_t* ex
                            int64_t K, int64_t D, float* out) {
   if (S <= 0 || D <= 0) return absl::OkStatus();
   static const bool serial = cuda::env_int("DSF_COMBINE_SERIAL", 0) != 0;  // measurement
-  if (K <= kCombineMaxK && !serial) {
-    return cuda::launch(combine_routed_loaded_kernel, flat(ctx, S * D), y, experts, shared, S, K, D, out);
-  }
-  return cuda::launch(combine_routed_kernel, flat(ctx, S * D), y, experts, shared, S, K, D, out);
+  const bool loaded = K <= kCombineMaxK && !serial;
+  return cuda::launch(combine_routed_kernel, flat(ctx, S * D), y, experts, shared, S, K, D, loaded, out);
 }
 
 Status route_cuda(const ExecCtx& ctx, const float* logits, const float* bias, int64_t S, int64_t E, int64_t k,
