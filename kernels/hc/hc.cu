@@ -280,7 +280,8 @@ __global__ void __launch_bounds__(kThreads) post_pre_norm_kernel(const float* __
   const float *post_t = post + t * C, *comb_t = comb + t * C * C, *pre_t = pre + t * C;
   if (D <= kThreads * cuda::kRowRegs) {
     float xs[cuda::kRowRegs];
-    row_regs<kThreads>(D, xs, [&](int64_t d) { return post_pre_value<kMaxC>(x, res, post_t, comb_t, pre_t, C, D, t, d, h); });
+    row_regs<kThreads>(D, xs,
+                       [&](int64_t d) { return post_pre_value<kMaxC>(x, res, post_t, comb_t, pre_t, C, D, t, d, h); });
     cuda::rms_scale_regs<kThreads>(xs, norm_w, D, eps, y + t * D);
     return;
   }

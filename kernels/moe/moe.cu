@@ -19,6 +19,18 @@ __device__ __forceinline__ void warp_argmax(float& best, int32_t& arg) {
   }
 }
 
+// An expert's routing score from its logit: sqrt(softplus(z)).
+__device__ __forceinline__ float route_score(float z) {
+  const float sp = z > 20.0f ? z : log1pf(expf(z));
+  return sqrtf(sp);
+}
+
+// A chosen expert's weight from its score and the chosen scores' sum (in pick order).
+__device__ __forceinline__ float route_weight(float score, float sum, int64_t k, bool norm_topk, float route_scale) {
+  if (norm_topk && k > 1) score = __fdiv_rn(score, __fadd_rn(sum, 1e-20f));
+  return __fmul_rn(score, route_scale);
+}
+
 // One warp per token: sqrt-softplus scores and biased scores in shared memory, then k rounds
 // of a warp arg-max (ties towards the lower index) over the experts not yet chosen.
 __global__ void route_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t E, int64_t k,
@@ -32,9 +44,7 @@ __global__ void route_kernel(const float* __restrict__ logits, const float* __re
   const int lane = threadIdx.x;
   const int64_t t = blockIdx.x;
   for (int64_t e = lane; e < E; e += 32) {
-    const float z = logits[t * E + e];
-    const float sp = z > 20.0f ? z : log1pf(expf(z));
-    score[e] = sqrtf(sp);
+    score[e] = route_score(logits[t * E + e]);
     biased[e] = __fadd_rn(score[e], bias[e]);
     taken[e] = 0;
   }
@@ -60,11 +70,7 @@ __global__ void route_kernel(const float* __restrict__ logits, const float* __re
   if (lane == 0) {
     float sum = 0.0f;
     for (int64_t r = 0; r < k; ++r) sum = __fadd_rn(sum, score[et[r]]);
-    for (int64_t r = 0; r < k; ++r) {
-      float w = score[et[r]];
-      if (norm_topk && k > 1) w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
-      wt[r] = __fmul_rn(w, route_scale);
-    }
+    for (int64_t r = 0; r < k; ++r) wt[r] = route_weight(score[et[r]], sum, k, norm_topk, route_scale);
   }
 }
 
@@ -80,9 +86,7 @@ __global__ void route_lanes_kernel(const float* __restrict__ logits, const float
   const int64_t t = blockIdx.x;
   float score = 0.0f, biased = -INFINITY;
   if (lane < E) {
-    const float z = logits[t * E + lane];
-    const float sp = z > 20.0f ? z : log1pf(expf(z));
-    score = sqrtf(sp);
+    score = route_score(logits[t * E + lane]);
     biased = __fadd_rn(score, bias[lane]);
   }
   bool taken = lane >= E;
@@ -99,11 +103,7 @@ __global__ void route_lanes_kernel(const float* __restrict__ logits, const float
     }
     sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, score, arg));
   }
-  if (rank >= 0) {
-    float w = score;
-    if (norm_topk && k > 1) w = __fdiv_rn(w, __fadd_rn(sum, 1e-20f));
-    weights[t * k + rank] = __fmul_rn(w, route_scale);
-  }
+  if (rank >= 0) weights[t * k + rank] = route_weight(score, sum, k, norm_topk, route_scale);
 }
 
 __global__ void swiglu_kernel(float* __restrict__ a, const float* __restrict__ b, int64_t S, int64_t F, float limit,

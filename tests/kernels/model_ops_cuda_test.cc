@@ -384,7 +384,8 @@ TEST_F(ModelOpsCuda, RoutingAndSwigluMatchCpu) {
   std::mt19937 rng(4);
   size_t routes = 0;
   // Up to 32 experts one a lane (route_lanes_kernel), more through shared memory (route_kernel).
-  for (const auto& [E, K, S] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {17, 3, 5}, {16, 6, 7}, {32, 6, 9}, {32, 32, 2}, {33, 6, 3}, {256, 6, 31}, {384, 8, 4}}) {
+  for (const auto& [E, K, S] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {17, 3, 5}, {16, 6, 7}, {32, 6, 9},
+                                {32, 32, 2}, {33, 6, 3}, {256, 6, 31}, {384, 8, 4}}) {
     const std::vector<float> logits = bf16_normal(rng, S * E, 2.0f), bias = bf16_normal(rng, E, 0.1f);
     int32_t* de = dev(std::vector<int32_t>(static_cast<size_t>(S * K), -1));
     float* dw = dev(nan_vec(static_cast<size_t>(S * K)));
