@@ -36,5 +36,8 @@ Status linear_experts_gate_up_cuda(const ExecCtx&, const Weight&, int64_t, const
 Status linear_batch_mma_cuda(const ExecCtx&, const LinearJob*, int, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
+Status linear_gemm_mma_cuda(const ExecCtx&, const Weight&, const float*, int64_t, float*, OutRound) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
 
 }  // namespace dsflash::kernels

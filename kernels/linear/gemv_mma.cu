@@ -26,13 +26,14 @@
 #include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
+#include "kernels/linear/mma_common.cuh"
 
 namespace dsflash::kernels {
 namespace {
 
 using namespace dsflash::kernels::cuda;
 
-using digits::kDigits;
+using namespace dsflash::kernels::mma;
 
 // x as digits in a CTA's shared memory, per 256-column block: four digit rows of 256 bytes,
 // each padded to kQRow (a warp's 16 digit loads then hit distinct banks; the padding holds the
@@ -68,23 +69,7 @@ __device__ __forceinline__ void mins_table(const XDigits& d, int64_t n_blocks) {
   for (int64_t i = threadIdx.x; i < n_blocks * kWords; i += blockDim.x) {
     const int64_t blk = i / kWords;
     const int w = static_cast<int>(i % kWords), g = w / kT, t = w % kT;
-    int sums[4];
-    if constexpr (kSub == 32) {
-      const int4* s16 = reinterpret_cast<const int4*>(d.sums(blk, g & 3)) + 2 * t;
-      const int4 a = s16[0], b = s16[1];
-      sums[0] = a.x + a.y, sums[1] = a.z + a.w, sums[2] = b.x + b.y, sums[3] = b.z + b.w;
-    } else {
-      const int4 a = reinterpret_cast<const int4*>(d.sums(blk, g & 3))[t];
-      sums[0] = a.x, sums[1] = a.y, sums[2] = a.z, sums[3] = a.w;
-    }
-    uint32_t word = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int lo = ((sums[k] + 64) & 127) - 64;
-      const int part = g < 4 ? lo : (sums[k] - lo) >> 7;
-      word |= (static_cast<uint32_t>(part) & 0xffu) << (8 * k);
-    }
-    *d.mins_slot(blk, w) = word;
+    *d.mins_slot(blk, w) = mins_word<kSub>(d.sums(blk, g & 3), g, t);
   }
   __syncthreads();
 }
@@ -99,52 +84,14 @@ __device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
                   reinterpret_cast<float*>(smem + n_blocks * kDigits * (kQRow + 16 * 4))};
   const int lane = threadIdx.x & 31;
   for (int64_t blk = threadIdx.x >> 5; blk < n_blocks; blk += blockDim.x >> 5) {
-    const float4* x4 = reinterpret_cast<const float4*>(x + blk * 256 + 8 * lane);
-    const float4 u = x4[0], w = x4[1];
-    const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
-    // max |v| by the magnitudes' bits (ordered as the floats; a NaN or infinity is >= 0x7f800000).
-    unsigned mbits = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) mbits = max(mbits, __float_as_uint(v[i]) & 0x7fffffffu);
-    for (int off = 16; off > 0; off >>= 1) mbits = max(mbits, __shfl_xor_sync(0xffffffffu, mbits, off));
-    // S = 2^(e - 5) puts max|x| / S in [32, 64): q0 within [-64, 64]. A NaN or infinity in the
-    // block makes S NaN, so every row's product is NaN.
-    const bool finite = mbits < 0x7f800000u;
-    const int e = finite ? digits::scale_exponent(__uint_as_float(mbits)) : 0;
-    const digits::Scale sc = digits::scale_of(e);
-    int nb[2][4];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) nb[i / 4][i % 4] = digits::biased(finite ? v[i] : 0.0f, sc);
-#pragma unroll
-    for (int j = 0; j < kDigits; ++j) {
-      const unsigned w0 = digits::pack_digit(nb[0], j), w1 = digits::pack_digit(nb[1], j);
-      *reinterpret_cast<uint2*>(d.q + (blk * kDigits + j) * kQRow + 8 * lane) = make_uint2(w0, w1);
-      const int sum = digits::sum_bytes(w0) + digits::sum_bytes(w1);
-      const int s = sum + __shfl_xor_sync(0xffffffffu, sum, 1);  // 16 columns: two lanes
-      if ((lane & 1) == 0) d.dsum16[(blk * kDigits + j) * 16 + lane / 2] = s;
-    }
-    if (lane == 0) d.scale[blk] = finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);
+    const float S = split_block(x + blk * 256, lane, d.q + blk * kDigits * kQRow, kQRow, d.dsum16 + blk * kDigits * 16);
+    if (lane == 0) d.scale[blk] = S;
   }
   __syncthreads();
   mins_table<kSub>(d, n_blocks);
   return d;
 }
 
-__device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
-}
-
-__device__ __forceinline__ uint32_t nibbles(uint32_t w, int hi) { return (hi ? w >> 4 : w) & 0x0f0f0f0fu; }
-__device__ __forceinline__ int byte_of(uint32_t w, int k) { return static_cast<int>((w >> (8 * k)) & 0xffu); }
-__device__ __forceinline__ float half_lo(uint32_t w) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
-}
-__device__ __forceinline__ float half_hi(uint32_t w) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
-}
 
 // Where a lane works. A warp takes 16 rows (lane (g, t): rows g and g + 8, the mma's A rows)
 // and every kSlices-th block of them; a CTA holds kCtaWarps / kSlices such row groups. B's
@@ -215,18 +162,7 @@ __device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& 
 // same columns' digit g as B. The 6-bit scales are applied to each sub-block's int32 result.
 struct Q4KBlock {
   static constexpr int kBytes = 144;
-  struct Header {  // one 16-byte load; scales and mins of sub-blocks 0..3 (lo), 4..7 (hi) as bytes
-    __device__ __forceinline__ explicit Header(const uint8_t* blk) {
-      const uint4 h = *reinterpret_cast<const uint4*>(blk);
-      d = half_lo(h.x), dmin = half_hi(h.x);
-      sc_lo = h.y & 0x3f3f3f3fu, m_lo = h.z & 0x3f3f3f3fu;
-      sc_hi = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
-      m_hi = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
-    }
-    __device__ __forceinline__ int sc(int s) const { return byte_of(s < 4 ? sc_lo : sc_hi, s % 4); }
-    float d, dmin;
-    uint32_t sc_lo, m_lo, sc_hi, m_hi;
-  };
+  using Header = Q4KHeader;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
     const Header ha(ba), hb(bb);
@@ -260,11 +196,6 @@ struct Q4KBlock {
   }
 };
 
-// Word t of four little-endian words (a select chain: a register array indexed by a lane's t
-// would live in local memory).
-__device__ __forceinline__ uint32_t word_at(const uint32_t (&w)[4], int t) {
-  return t == 0 ? w[0] : t == 1 ? w[1] : t == 2 ? w[2] : w[3];
-}
 
 // Q2_K (84-byte blocks, 4-byte aligned: scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin).
 // Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in sub-block 8n + 2j + l / 16; lane t
@@ -318,28 +249,7 @@ struct Q2KBlock {
 // -32: three int32 results per block; the -4 comes from the digits' 16-column sums.
 struct Q3KBlock {
   static constexpr int kBytes = 110;
-  __device__ __forceinline__ static uint32_t word(const uint8_t* p) {  // two half-word loads
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-    return h[0] | (static_cast<uint32_t>(h[1]) << 16);
-  }
-  struct Row {  // a row's block: its unsigned scales (4 words of 4), codes' words and high bits
-    __device__ __forceinline__ Row(const uint8_t* blk, int t) {
-      const uint32_t w0 = word(blk + 96), w1 = word(blk + 100), w2 = word(blk + 104);
-      const uint32_t lo[4] = {w0 & 0x0f0f0f0fu, w1 & 0x0f0f0f0fu, (w0 >> 4) & 0x0f0f0f0fu, (w1 >> 4) & 0x0f0f0f0fu};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) u[k] = lo[k] | (((w2 >> (2 * k)) & 0x03030303u) << 4);
-#pragma unroll
-      for (int n = 0; n < 2; ++n) q[n][0] = word(blk + 32 + 32 * n + 8 * t), q[n][1] = word(blk + 36 + 32 * n + 8 * t);
-      h[0] = word(blk + 8 * t), h[1] = word(blk + 8 * t + 4);
-      d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
-    }
-    __device__ __forceinline__ int scale(int s) const { return byte_of(u[s / 4], s % 4); }
-    __device__ __forceinline__ uint32_t codes(int n, int j, int w) const {
-      return ((q[n][w] >> (2 * j)) & 0x03030303u) | (((h[w] >> (4 * n + j)) & 0x01010101u) << 2);
-    }
-    uint32_t u[4], q[2][2], h[2];
-    float d;
-  };
+  using Row = Q3KRow;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
     const Row ra(ba, ln.t), rb(bb, ln.t);

@@ -402,6 +402,7 @@ template <GgmlType kType>
 Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   const unsigned grid = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
   const cuda::LaunchParams lp{dim3(grid), dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)};
+  if (p.n_tok >= gemm_min_tokens() && gemm_mma_applies(kType, p)) return launch_gemm_mma(ctx, kType, p);
   if (p.n_tok >= gemm_min_tokens() && (p.n_tok + kGemmToks - 1) / kGemmToks <= 65535) {
     const dim3 g(static_cast<unsigned>((p.rows + kGemmRows - 1) / kGemmRows),
                  static_cast<unsigned>((p.n_tok + kGemmToks - 1) / kGemmToks));
@@ -440,6 +441,16 @@ Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
 
 
 }  // namespace
+
+Status linear_gemm_mma_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y,
+                            OutRound round) {
+  if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_gemm_mma_cuda needs a CUDA context");
+  if (w.rows <= 0 || w.cols <= 0 || n_tok <= 0) return absl::InvalidArgumentError("linear_gemm_mma_cuda: empty shape");
+  const quant::TypeTraits& t = quant::traits(w.type);
+  const LinearParams p{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), n_tok,
+                       static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
+  return launch_gemm_mma(ctx, w.type, p);
+}
 
 Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y, OutRound round) {
   if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_cuda needs a CUDA context");

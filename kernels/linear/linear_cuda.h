@@ -67,6 +67,12 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
                                const float* x, int64_t x_stride, float* y, int64_t y_stride,
                                OutRound round = OutRound::kBf16);
 
+// As linear_cuda on the prefill GEMM on the integer tensor cores whatever the token count
+// (linear_cuda takes it from 16 tokens): Q4_K, Q2_K and Q3_K, 16-byte aligned x; else
+// Unimplemented naming why.
+Status linear_gemm_mma_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y,
+                            OutRound round = OutRound::kBf16);
+
 // Gate and up of n routed experts on one x (a decode token): y_gate + k y_stride = G_{ids[k]} x
 // and y_up + k y_stride = U_{ids[k]} x, as linear_experts_cuda twice; one launch (and one digit
 // split of x) where the tensor-core GEMV takes them.

@@ -41,4 +41,10 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
                           float* y2 = nullptr, int64_t expert_bytes2 = 0);
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n);
 
+// Prefill GEMMs of Q4_K, Q2_K and Q3_K on the integer tensor cores at fp32 accuracy
+// (gemm_mma.cu): whether they take p (any number of tokens; 16-byte aligned x, the type's
+// alignment of W; DSF_GEMM_MMA=0 keeps the SIMT GEMM), and the launch.
+bool gemm_mma_applies(quant::GgmlType type, const LinearParams& p);
+Status launch_gemm_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p);
+
 }  // namespace dsflash::kernels

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -306,6 +307,93 @@ TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
       for (void* p : std::initializer_list<void*>{dw, dx, dy}) cudaFree(p);
     }
   }
+}
+
+// The prefill GEMM on the integer tensor cores (Q4_K, Q2_K, Q3_K): fp32 accuracy against the
+// CPU (NMSE < 1e-8) at token counts that fill 16-token tiles partly (16, 17, 33, 100) and over
+// the split's 1,024-token chunks (1,100), rows that fill 128-row tiles partly, inputs spread
+// over six decades; a NaN in one token's input makes that token's outputs NaN and no other's.
+TEST_P(LinearCuda, TensorCoreGemmKeepsFp32Accuracy) {
+  const GgmlType type = GetParam();
+  if (type != GgmlType::kQ4_K && type != GgmlType::kQ2_K && type != GgmlType::kQ3_K) {
+    GTEST_SKIP() << "Q4_K, Q2_K and Q3_K only";
+  }
+  struct Shape {
+    int64_t K, N, T;
+  };
+  for (const Shape sh : {Shape{256, 17, 16}, Shape{2304, 130, 17}, Shape{5120, 1031, 33}, Shape{1280, 257, 100},
+                         Shape{256, 17, 1100}}) {
+    const int64_t K = sh.K, N = sh.N, T = sh.T;
+    std::mt19937 rng(303 + static_cast<int>(K + N + T));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<float> decade(-3.0f, 3.0f);
+    const uint64_t rb = *quant::row_bytes(type, K);
+    std::vector<float> wf(static_cast<size_t>(K * N)), x(static_cast<size_t>(K * T));
+    for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+    for (float& v : x) v = quant::round_bf16(nd(rng) * std::pow(10.0f, decade(rng)));
+    std::vector<uint8_t> bytes(rb * N);
+    ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N).ok());
+    uint8_t* dw = to_device(bytes);
+    float* dx = to_device(x);
+    float* dy = to_device(std::vector<float>(N * T, std::nanf("")));
+    const Weight wd{type, K, N, dw, rb};
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    const ExecCtx ctx{Backend::kCuda, s};
+    const auto run = [&] {
+      std::vector<float> got(N * T);
+      EXPECT_TRUE(linear_gemm_mma_cuda(ctx, wd, dx, T, dy, OutRound::kF32).ok());
+      EXPECT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+      EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      return got;
+    };
+    std::vector<float> got = run(), ref(N * T);
+    linear(Weight{type, K, N, bytes.data(), rb}, x.data(), T, ref.data(), OutRound::kF32);
+    double err = 0, norm = 0;
+    for (int64_t i = 0; i < N * T; ++i) {
+      ASSERT_FALSE(std::isnan(got[i])) << "output " << i << " not written";
+      err += (got[i] - ref[i]) * (got[i] - ref[i]);
+      norm += static_cast<double>(ref[i]) * ref[i];
+    }
+    EXPECT_LT(err / norm, 1e-8) << quant::traits(type).name << " K=" << K << " N=" << N << " T=" << T;
+    std::printf("%s K=%lld N=%lld T=%lld: NMSE %.2e vs the CPU\n", quant::traits(type).name, static_cast<long long>(K),
+                static_cast<long long>(N), static_cast<long long>(T), err / norm);
+    // A NaN in token 5's input: its outputs are NaN, every other token's stay finite.
+    const float nan = std::nanf("");
+    ASSERT_EQ(cudaMemcpy(dx + 5 * K + K / 2, &nan, 4, cudaMemcpyHostToDevice), cudaSuccess);
+    got = run();
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t i = 0; i < N; ++i) {
+        if (t == 5) {
+          ASSERT_TRUE(std::isnan(got[t * N + i])) << "token 5 row " << i;
+        } else {
+          ASSERT_TRUE(std::isfinite(got[t * N + i])) << "token " << t << " row " << i;
+        }
+      }
+    }
+    cudaStreamDestroy(s);
+    for (void* p : std::initializer_list<void*>{dw, dx, dy}) cudaFree(p);
+  }
+}
+
+// Types without a tensor-core GEMM, or an input the GEMM cannot read, are refused with the
+// reason (linear_cuda then takes the SIMT GEMM).
+TEST_P(LinearCuda, TensorCoreGemmRefusesWhatItCannotTake) {
+  const GgmlType type = GetParam();
+  const int64_t K = 256, N = 4, T = 16;
+  const uint64_t rb = *quant::row_bytes(type, K);
+  uint8_t* dw = to_device(std::vector<uint8_t>(rb * N + 16, 0));
+  float* dx = to_device(std::vector<float>(K * T + 4, 0.0f));
+  float* dy = to_device(std::vector<float>(N * T, 0.0f));
+  const ExecCtx ctx{Backend::kCuda, nullptr};
+  const bool has = type == GgmlType::kQ4_K || type == GgmlType::kQ2_K || type == GgmlType::kQ3_K;
+  const Status aligned = linear_gemm_mma_cuda(ctx, Weight{type, K, N, dw, rb}, dx, T, dy);
+  EXPECT_EQ(aligned.ok(), has) << aligned;
+  const Status odd_x = linear_gemm_mma_cuda(ctx, Weight{type, K, N, dw, rb}, dx + 1, T, dy);  // x 4-byte aligned only
+  EXPECT_EQ(odd_x.code(), absl::StatusCode::kUnimplemented) << odd_x;
+  EXPECT_NE(odd_x.message().find("tensor-core GEMM"), std::string::npos) << odd_x;
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (void* p : std::initializer_list<void*>{dw, dx, dy}) cudaFree(p);
 }
 
 // An input wider than the tensor-core GEMV's shared memory holds as digits (34 blocks) is

@@ -1,0 +1,139 @@
+// Shared by the tensor-core decode GEMVs (gemv_mma.cu) and prefill GEMMs (gemm_mma.cu): the
+// int8 mma, the split of a 256-column block of x into exact digits (digits.h), the words of the
+// mins' operand, and the K-quant block readers both take their A operands from.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/linear/digits.h"
+
+namespace dsflash::kernels::mma {
+
+using digits::kDigits;
+
+// d += A B: A 16 x 32 (row major, lane (g, t): rows g and g + 8, k = 4t.. and 16 + 4t..), B 32 x 8
+// (column g, the same k), s8 in, s32 sums.
+__device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
+}
+
+__device__ __forceinline__ uint32_t nibbles(uint32_t w, int hi) { return (hi ? w >> 4 : w) & 0x0f0f0f0fu; }
+__device__ __forceinline__ int byte_of(uint32_t w, int k) { return static_cast<int>((w >> (8 * k)) & 0xffu); }
+__device__ __forceinline__ float half_lo(uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+}
+__device__ __forceinline__ float half_hi(uint32_t w) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+
+// Word t of four little-endian words (a select chain: a register array indexed by a lane's t
+// would live in local memory).
+__device__ __forceinline__ uint32_t word_at(const uint32_t (&w)[4], int t) {
+  return t == 0 ? w[0] : t == 1 ? w[1] : t == 2 ? w[2] : w[3];
+}
+
+// Splits one block of x (256 values, 16-byte aligned) on a whole warp (lane l: columns 8l ..
+// 8l + 7): digit j's 256 bytes at q + j pitch, their sums over each 16 columns at sums[16 j + c],
+// and returns the block's scale S on every lane (NaN where the block holds a NaN or infinity,
+// so every product with it is NaN).
+__device__ __forceinline__ float split_block(const float* x, int lane, int8_t* q, int pitch, int32_t* sums) {
+  const float4* x4 = reinterpret_cast<const float4*>(x + 8 * lane);
+  const float4 u = x4[0], w = x4[1];
+  const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
+  // max |v| by the magnitudes' bits (ordered as the floats; a NaN or infinity is >= 0x7f800000).
+  unsigned mbits = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) mbits = max(mbits, __float_as_uint(v[i]) & 0x7fffffffu);
+  for (int off = 16; off > 0; off >>= 1) mbits = max(mbits, __shfl_xor_sync(0xffffffffu, mbits, off));
+  // S = 2^(e - 5) puts max|x| / S in [32, 64): q0 within [-64, 64].
+  const bool finite = mbits < 0x7f800000u;
+  const int e = finite ? digits::scale_exponent(__uint_as_float(mbits)) : 0;
+  const digits::Scale sc = digits::scale_of(e);
+  int nb[2][4];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) nb[i / 4][i % 4] = digits::biased(finite ? v[i] : 0.0f, sc);
+#pragma unroll
+  for (int j = 0; j < kDigits; ++j) {
+    const unsigned w0 = digits::pack_digit(nb[0], j), w1 = digits::pack_digit(nb[1], j);
+    *reinterpret_cast<uint2*>(q + j * pitch + 8 * lane) = make_uint2(w0, w1);
+    const int sum = digits::sum_bytes(w0) + digits::sum_bytes(w1);
+    const int s = sum + __shfl_xor_sync(0xffffffffu, sum, 1);  // 16 columns: two lanes
+    if ((lane & 1) == 0) sums[16 * j + lane / 2] = s;
+  }
+  return finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);
+}
+
+// Word (g, t) of a block's mins operand, from digit g % 4's 16-column sums (sums16). kSub: the
+// type's sub-block columns (32: Q4_K, 8 sub-blocks, t < 2; 16: Q2_K and Q3_K, 16 sub-blocks,
+// t < 4). Byte i is, for sub-block s = 4t + i, the low (g < 4) or high (g >= 4) radix-128 digit
+// of the digit's sum over s (|sum| <= 2048: low in [-64, 63], high in [-16, 16]), so that an
+// mma with a row's sub-block weights at k = s gives low + 128 high = the exact sum.
+template <int kSub>
+__device__ __forceinline__ uint32_t mins_word(const int32_t* sums16, int g, int t) {
+  int sums[4];
+  if constexpr (kSub == 32) {
+    const int4* s16 = reinterpret_cast<const int4*>(sums16) + 2 * t;
+    const int4 a = s16[0], b = s16[1];
+    sums[0] = a.x + a.y, sums[1] = a.z + a.w, sums[2] = b.x + b.y, sums[3] = b.z + b.w;
+  } else {
+    const int4 a = reinterpret_cast<const int4*>(sums16)[t];
+    sums[0] = a.x, sums[1] = a.y, sums[2] = a.z, sums[3] = a.w;
+  }
+  uint32_t word = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int lo = ((sums[k] + 64) & 127) - 64;
+    const int part = g < 4 ? lo : (sums[k] - lo) >> 7;
+    word |= (static_cast<uint32_t>(part) & 0xffu) << (8 * k);
+  }
+  return word;
+}
+
+// A Q4_K block's header (one 16-byte load): d, dmin and the 6-bit scales and mins of sub-blocks
+// 0..3 (lo) and 4..7 (hi) as bytes.
+struct Q4KHeader {
+  __device__ __forceinline__ explicit Q4KHeader(const uint8_t* blk) {
+    const uint4 h = *reinterpret_cast<const uint4*>(blk);
+    d = half_lo(h.x), dmin = half_hi(h.x);
+    sc_lo = h.y & 0x3f3f3f3fu, m_lo = h.z & 0x3f3f3f3fu;
+    sc_hi = (h.w & 0x0f0f0f0fu) | ((h.y >> 2) & 0x30303030u);
+    m_hi = ((h.w >> 4) & 0x0f0f0f0fu) | ((h.z >> 2) & 0x30303030u);
+  }
+  __device__ __forceinline__ int sc(int s) const { return byte_of(s < 4 ? sc_lo : sc_hi, s % 4); }
+  float d, dmin;
+  uint32_t sc_lo, m_lo, sc_hi, m_hi;
+};
+
+// A Q3_K block (110 bytes, 2-byte aligned: hmask[32], qs[64], 12 bytes of 6-bit scales, d) as
+// lane t reads it: its unsigned scales (4 words of 4), the codes' words and high bits of columns
+// 128n + 32j + 8t .. 8t + 7. Column 128n + 32j + l has code c = ((qs[32n + l] >> 2j) & 3) |
+// (bit 4n + j of hmask[l]) << 2 in sub-block 8n + 2j + l / 16, value d (u_s - 32)(c - 4).
+struct Q3KRow {
+  __device__ __forceinline__ static uint32_t word(const uint8_t* p) {  // two half-word loads
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+    return h[0] | (static_cast<uint32_t>(h[1]) << 16);
+  }
+  __device__ __forceinline__ Q3KRow(const uint8_t* blk, int t) {
+    const uint32_t w0 = word(blk + 96), w1 = word(blk + 100), w2 = word(blk + 104);
+    const uint32_t lo[4] = {w0 & 0x0f0f0f0fu, w1 & 0x0f0f0f0fu, (w0 >> 4) & 0x0f0f0f0fu, (w1 >> 4) & 0x0f0f0f0fu};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) u[k] = lo[k] | (((w2 >> (2 * k)) & 0x03030303u) << 4);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) q[n][0] = word(blk + 32 + 32 * n + 8 * t), q[n][1] = word(blk + 36 + 32 * n + 8 * t);
+    h[0] = word(blk + 8 * t), h[1] = word(blk + 8 * t + 4);
+    d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
+  }
+  __device__ __forceinline__ int scale(int s) const { return byte_of(u[s / 4], s % 4); }
+  __device__ __forceinline__ uint32_t codes(int n, int j, int w) const {
+    return ((q[n][w] >> (2 * j)) & 0x03030303u) | (((h[w] >> (4 * n + j)) & 0x01010101u) << 2);
+  }
+  uint32_t u[4], q[2][2], h[2];
+  float d;
+};
+
+}  // namespace dsflash::kernels::mma
