@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <random>
 
 #include "common/config/config.h"
@@ -304,35 +303,6 @@ TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
       }
     }
   }
-}
-
-// L2 prefetch is a hint: over plain ranges (unaligned starts, odd sizes, a range's last bytes)
-// and ranges of device-chosen copies, it returns OK, leaves the stream without an error and
-// the memory as it was; more ranges than it takes is an error naming the count.
-TEST_F(OpsCuda, L2PrefetchLeavesMemoryAsItWas) {
-  std::vector<float> v(3 * 1000003);
-  std::mt19937 rng(17);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (float& f : v) f = u(rng);
-  const float* d = dev(v);
-  const int32_t* ids = dev(std::vector<int32_t>{2, 0, 1, 2});
-  const auto* b = reinterpret_cast<const uint8_t*>(d);
-  const PrefetchRange ranges[] = {
-      {b, 4 * v.size()},                       // everything
-      {b + 3, 17},                             // a few bytes, unaligned
-      {b + 4 * v.size() - 40001, 40001},       // the last bytes
-      {b + 5, 4 * 1000003 - 5, ids, 4, 4 * 1000003},  // copies at device ids
-      {nullptr, 0},                            // nothing
-  };
-  ASSERT_TRUE(l2_prefetch(ctx(), ranges, 5).ok());
-  sync();
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  const std::vector<float> back = to_host(d, v.size());
-  EXPECT_EQ(std::memcmp(back.data(), v.data(), 4 * v.size()), 0);
-  const std::vector<PrefetchRange> too_many(kMaxPrefetchRanges + 1, ranges[0]);
-  const Status s = l2_prefetch(ctx(), too_many.data(), kMaxPrefetchRanges + 1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("ranges"), std::string::npos) << s;
 }
 
 }  // namespace
