@@ -66,20 +66,6 @@ void branch_destroy(Branch& b);  // waits for the branch's work first
 Status fork(const ExecCtx& main, const Branch& b);
 Status join(const ExecCtx& main, const Branch& b);
 
-// Bytes of device memory asked into the device's L2 cache ahead of the kernel that reads them
-// (a decode step's later GEMV weights, read in while the step's chain runs kernels that leave
-// memory bandwidth idle). A hint: no result, nothing waits for it. A range is `bytes` bytes at
-// base, or, with ids, at base + ids[i] x stride for i < n (device ids: the routed experts).
-struct PrefetchRange {
-  const void* base = nullptr;
-  uint64_t bytes = 0;
-  const int32_t* ids = nullptr;
-  int n = 1;
-  int64_t stride = 0;
-};
-constexpr int kMaxPrefetchRanges = 8;
-Status l2_prefetch(const ExecCtx& ctx, const PrefetchRange* ranges, int n);
-
 // Page-locked host memory (copies from it are asynchronous and may be captured in a graph).
 StatusOr<void*> host_alloc_pinned(size_t bytes);
 void host_free_pinned(void* p);

@@ -199,12 +199,9 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   // Query.
   ASSIGN_OR_RETURN(auto qr, DevBuf<float>::make(ctx, S * cfg_.q_lora_rank));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));
-  const std::initializer_list<kernels::PrefetchRange> out_weights = {{w.wo_a.data, w.wo_a.rows * w.wo_a.row_bytes}, {w.wo_b.data, w.wo_b.rows * w.wo_b.row_bytes}};
-  RETURN_IF_ERROR(l2_ahead(call, kL2AttnOutEarly, out_weights));
   RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
   ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * H * Dh));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_b, qr.get(), S, q.get()));  // its RoPE is fused into sparse attention
-  RETURN_IF_ERROR(l2_ahead(call, kL2AttnOut, out_weights));
   RETURN_IF_ERROR(side.join());
   DevBuf<float> joined;  // a later prefill chunk: [ring before this call ; this call's rows]
   const float* kv_a = pos0 == 0 ? kv.get() : st.ring.get();

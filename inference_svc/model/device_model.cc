@@ -335,31 +335,8 @@ Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float*
     }
     RETURN_IF_ERROR(block(static_cast<int>(l), call, h, h_alt, pre_mix, spare_pre, x.get(), x_ready));
   }
-  RETURN_IF_ERROR(l2_settle(call));
   Phase phase(*this, ctx, "head");
   return head(call, h, pre_mix.get(), all_logits, out);
-}
-
-Status DeviceModel::l2_ahead(Call& call, int what, std::initializer_list<kernels::PrefetchRange> ranges) const {
-  // DSF_L2_PREFETCH: which prefetches a decode step makes (a mask of L2Ahead).
-  static const int mask = [] {
-    const char* e = std::getenv("DSF_L2_PREFETCH");
-    return e == nullptr ? 0 : std::atoi(e);
-  }();
-  const kernels::Branch* b = call.branch(2);
-  if ((mask & what) == 0 || b == nullptr || call.S != 1) return absl::OkStatus();
-  RETURN_IF_ERROR(l2_settle(call));
-  RETURN_IF_ERROR(kernels::fork(call.ctx, *b));
-  call.prefetch_open = true;
-  call.prefetch_reads_ids = false;
-  for (const kernels::PrefetchRange& r : ranges) call.prefetch_reads_ids |= r.ids != nullptr;
-  return kernels::l2_prefetch(b->ctx, ranges.begin(), static_cast<int>(ranges.size()));
-}
-
-Status DeviceModel::l2_settle(Call& call) const {
-  if (!call.prefetch_open) return absl::OkStatus();
-  call.prefetch_open = call.prefetch_reads_ids = false;
-  return kernels::join(call.ctx, *call.branch(2));
 }
 
 // One block (model.cc Model::block): each sub-layer collapses the streams with the previous

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -131,9 +130,8 @@ struct DeviceSequence {
   ~DeviceSequence();
   kernels::ExecCtx ctx;  // the sequence's own stream
   // Branches beside it (BranchScope): 0 for a sub-layer's hc split, 1 for work inside the
-  // sub-layer's body, 2 for L2 prefetches of later weights (DeviceModel::l2_ahead). Not made
-  // with DSF_BRANCHES=0 (measurement: everything on ctx).
-  kernels::Branch branches[3];
+  // sub-layer's body. Not made with DSF_BRANCHES=0 (measurement: everything on ctx).
+  kernels::Branch branches[2];
   std::unique_ptr<kernels::sample::DeviceSampler> sampler;  // made by the first device draw
   std::vector<DeviceLayerState> layers;
   DecodeGraphs graphs;
@@ -304,12 +302,6 @@ class DeviceModel {
   Status shared_expert(const Layer& w, const config::LayerConfig& L, const kernels::ExecCtx& ctx, int64_t S,
                        const float* x, float* out) const;
   Status engram(int l, Call& call, float* h) const;
-  // Decode steps: the ranges (later weights of the chain) asked into L2 on the sequence's
-  // prefetch branch, after joining the previous prefetch, when DSF_L2_PREFETCH has bit `what`
-  // (L2Ahead); l2_settle joins an open one. Nothing without branches.
-  enum L2Ahead { kL2Down = 1, kL2AttnOut = 2, kL2NextQ = 4, kL2AttnOutEarly = 8, kL2NextQLate = 16 };
-  Status l2_ahead(Call& call, int what, std::initializer_list<kernels::PrefetchRange> ranges) const;
-  Status l2_settle(Call& call) const;
   Status head(Call& call, const float* h, const float* pre_mix, bool all_logits, float* out) const;
 
   config::ModelConfig cfg_;
@@ -388,9 +380,6 @@ struct DeviceModel::Call {
   const kernels::Branch* branch(int i) const {
     return segmenting == nullptr && seq.branches[i].ctx.cuda_stream != nullptr ? &seq.branches[i] : nullptr;
   }
-  // A prefetch on branch 2 not yet joined (l2_ahead), and whether it reads device ids (then
-  // it is joined before they are freed).
-  bool prefetch_open = false, prefetch_reads_ids = false;
   DevBuf<int32_t> topk;   // [S][topk_width], already + n_win, or -1
   int64_t topk_width = 0;
   DevBuf<uint8_t> cand;   // [S][cand_width]

@@ -112,13 +112,8 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
     return decode_experts(l, call, x, t, experts.get(), weights.get(), y);
   }
   if (resident_decode) {
-    const ExpertTable t = resident_table(w, experts.get());
-    RETURN_IF_ERROR(l2_ahead(call, kL2Down, {{t.base.down.data, t.base.down.rows * t.base.down.row_bytes, t.ids,
-                                             static_cast<int>(K), t.down_stride}}));
-    const Status s = decode_experts(l, call, x, t, experts.get(), weights.get(), y, &side,
-                                    side.on() ? shared.get() : nullptr);
-    if (call.prefetch_reads_ids) RETURN_IF_ERROR(l2_settle(call));  // before the ids are freed
-    return s;
+    return decode_experts(l, call, x, resident_table(w, experts.get()), experts.get(), weights.get(), y, &side,
+                          side.on() ? shared.get() : nullptr);
   }
   std::vector<int32_t> e_h(static_cast<size_t>(S * K)), next_h;
   std::vector<float> w_h(static_cast<size_t>(S * K));
@@ -338,15 +333,7 @@ Status DeviceModel::decode_experts(int l, Call& call, const float* x, const Expe
     RETURN_IF_ERROR(kernels::linear_experts_gate_up_cuda(ctx, t.base.gate, t.gate_stride, t.base.up, t.up_stride, t.ids, n,
                                                          x, a.get(), b.get(), F));
     RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
-    if (l + 1 < static_cast<int>(cfg_.n_layer)) {  // the next layer's first GEMVs
-      const Layer& nw = layers_[l + 1];
-      RETURN_IF_ERROR(l2_ahead(call, kL2NextQ, {{nw.wq_a.data, nw.wq_a.rows * nw.wq_a.row_bytes}, {nw.wkv.data, nw.wkv.rows * nw.wkv.row_bytes}, {nw.wq_b.data, nw.wq_b.rows * nw.wq_b.row_bytes}}));
-    }
     RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.down, t.down_stride, t.ids, n, a.get(), F, ye.get(), D));
-    if (l + 1 < static_cast<int>(cfg_.n_layer)) {
-      const Layer& nw = layers_[l + 1];
-      RETURN_IF_ERROR(l2_ahead(call, kL2NextQLate, {{nw.wq_a.data, nw.wq_a.rows * nw.wq_a.row_bytes}, {nw.wkv.data, nw.wkv.rows * nw.wkv.row_bytes}, {nw.wq_b.data, nw.wq_b.rows * nw.wq_b.row_bytes}}));
-    }
   }
   DevBuf<float> own;
   if (shared == nullptr) {

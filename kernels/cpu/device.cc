@@ -19,7 +19,6 @@ StatusOr<Branch> branch_create() { return no_cuda(); }
 void branch_destroy(Branch&) {}
 Status fork(const ExecCtx&, const Branch&) { return no_cuda(); }
 Status join(const ExecCtx&, const Branch&) { return no_cuda(); }
-Status l2_prefetch(const ExecCtx&, const PrefetchRange*, int) { return no_cuda(); }
 StatusOr<void*> host_alloc_pinned(size_t) { return no_cuda(); }
 void host_free_pinned(void*) {}
 Status capture_begin(const ExecCtx&) { return no_cuda(); }
