@@ -37,7 +37,7 @@ constexpr int kMinsWords = 32;         // a (token, block)'s mins words (16 used
 constexpr int64_t kMaxSplitToks = 1024;  // tokens split at once (the split's scratch: ~1.2 KB a token and block)
 
 // x split: per (token, block) item = token x n_blocks + block, its digits [4][256], its mins
-// words [32] and S.
+// words [32] and S (at [item][0] of four floats: 16 bytes an item, one copy to a stage).
 struct XSplit {
   int8_t* q;
   uint32_t* mins;
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(256) split_tokens_kernel(const float* __restri
     const int g = lane / kT;
     xs.mins[item * kMinsWords + lane] = mins_word<kSub>(sums[warp] + 16 * (g & 3), g, lane % kT);
   }
-  if (lane == 0) xs.scale[item] = S;
+  if (lane == 0) xs.scale[item * 4] = S;
 }
 
 // A lane's view of one pair of tokens: its token's digits weigh w0, w1 (lane t: digits
@@ -101,7 +101,7 @@ __device__ __forceinline__ void mins_mma(int (&lo)[4], int (&hi)[4], uint32_t am
 struct Q4KGemm {
   static constexpr int kBytes = 144, kSub = 32;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const int8_t* bq,
-                                             const uint32_t (*bm)[kMinsWords], const float* bs, const PairLane& ln,
+                                             const uint32_t (*bm)[kMinsWords], const float (*bs)[4], const PairLane& ln,
                                              float (&acc)[kPairs][2]) {
     const Q4KHeader ha(ba), hb(bb);
     uint2 qa[4], qb[4];
@@ -126,7 +126,7 @@ struct Q4KGemm {
       }
       int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
       mins_mma<2>(lo, hi, am_a, am_b, bm, ln, pr);
-      const float S = bs[2 * pr + (ln.t >> 1)];
+      const float S = bs[2 * pr + (ln.t >> 1)][0];
       acc[pr][0] += S * (ha.d * ln.digits(v[0], v[1]) - ha.dmin * ln.mins(lo, hi, 0));
       acc[pr][1] += S * (hb.d * ln.digits(v[2], v[3]) - hb.dmin * ln.mins(lo, hi, 1));
     }
@@ -138,7 +138,7 @@ struct Q4KGemm {
 struct Q2KGemm {
   static constexpr int kBytes = 84, kSub = 16;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const int8_t* bq,
-                                             const uint32_t (*bm)[kMinsWords], const float* bs, const PairLane& ln,
+                                             const uint32_t (*bm)[kMinsWords], const float (*bs)[4], const PairLane& ln,
                                              float (&acc)[kPairs][2]) {
     const uint32_t* sa = reinterpret_cast<const uint32_t*>(ba);
     const uint32_t* sb = reinterpret_cast<const uint32_t*>(bb);
@@ -171,7 +171,7 @@ struct Q2KGemm {
       }
       int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
       mins_mma<4>(lo, hi, am_a, am_b, bm, ln, pr);
-      const float S = bs[2 * pr + (ln.t >> 1)];
+      const float S = bs[2 * pr + (ln.t >> 1)][0];
       acc[pr][0] += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.mins(lo, hi, 0));
       acc[pr][1] += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.mins(lo, hi, 1));
     }
@@ -184,7 +184,7 @@ struct Q2KGemm {
 struct Q3KGemm {
   static constexpr int kBytes = 110, kSub = 16;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const int8_t* bq,
-                                             const uint32_t (*bm)[kMinsWords], const float* bs, const PairLane& ln,
+                                             const uint32_t (*bm)[kMinsWords], const float (*bs)[4], const PairLane& ln,
                                              float (&acc)[kPairs][2]) {
     const Q3KRow ra(ba, ln.t), rb(bb, ln.t);
     uint32_t c[8][4];  // codes of step (n, j): row a k = 4t.., row b, row a k = 16 + 4t.., row b
@@ -213,7 +213,7 @@ struct Q3KGemm {
       }
       int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
       mins_mma<4>(lo, hi, ao_a, ao_b, bm, ln, pr);
-      const float S = bs[2 * pr + (ln.t >> 1)];
+      const float S = bs[2 * pr + (ln.t >> 1)][0];
       const auto total = [&](int k) { return 8 * vh[k] + vl[k] - 32 * vc[k]; };
       acc[pr][0] += S * ra.d * (ln.digits(total(0), total(1)) - 4.0f * ln.mins(lo, hi, 0));
       acc[pr][1] += S * rb.d * (ln.digits(total(2), total(3)) - 4.0f * ln.mins(lo, hi, 1));
@@ -221,14 +221,52 @@ struct Q3KGemm {
   }
 };
 
+// 16 bytes from global to shared memory without a register stop (zeros where !valid), and the
+// waits for such copies: all but the latest group, or all.
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copies_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void copies_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// One block of columns for the CTA's tokens in shared memory: digits, mins words and S.
+struct Stage {
+  int8_t q[kToksG * kTokPitch];
+  uint32_t mins[kToksG][kMinsWords];
+  float scale[kToksG][4];  // S at [token][0]
+};
+
+// Starts the copies of block blk of tokens tok0 .. tok0 + n_t - 1 into st (tokens past n_t:
+// zeros).
+__device__ __forceinline__ void stage_block(Stage& st, const XSplit& xs, int64_t tok0, int n_t, int64_t blk) {
+  for (int i = threadIdx.x; i < kToksG * 64; i += blockDim.x) {
+    const int tk = i >> 6, piece = i & 63;
+    const int64_t item = (tok0 + min(tk, n_t - 1)) * xs.n_blocks + blk;
+    copy16(st.q + tk * kTokPitch + (piece >> 4) * kQPitch + (piece & 15) * 16,
+           xs.q + item * (kDigits * 256) + piece * 16, tk < n_t);
+  }
+  for (int i = threadIdx.x; i < kToksG * (kMinsWords / 4); i += blockDim.x) {
+    const int tk = i / (kMinsWords / 4), piece = i % (kMinsWords / 4);
+    const int64_t item = (tok0 + min(tk, n_t - 1)) * xs.n_blocks + blk;
+    copy16(&st.mins[tk][4 * piece], xs.mins + item * kMinsWords + 4 * piece, tk < n_t);
+  }
+  if (threadIdx.x < kToksG) {
+    const int tk = threadIdx.x;
+    copy16(st.scale[tk], xs.scale + ((tok0 + min(tk, n_t - 1)) * xs.n_blocks + blk) * 4, tk < n_t);
+  }
+}
+
 // y[tok0 + token][row] for 128 rows (blockIdx.y) and 16 tokens (blockIdx.x: the CTAs that share
-// a weight tile run together, so its later reads hit L2) of the tokens split in xs.
+// a weight tile run together, so its later reads hit L2) of the tokens split in xs. The next
+// block's stage is copied while the warps multiply this one's (two stages).
 template <class Blk>
 __global__ void __launch_bounds__(kWarpsG * 32) gemm_mma_kernel(const LinearParams p, const XSplit xs, int64_t n_tok) {
   cuda::await_inputs();
-  __shared__ __align__(16) int8_t bq[kToksG * kTokPitch];
-  __shared__ __align__(16) uint32_t bm[kToksG][kMinsWords];
-  __shared__ float bs[kToksG];
+  __shared__ __align__(16) Stage stages[2];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
   const PairLane ln{lane >> 2, t, (t & 1) ? 0x1p-14f : 1.0f, (t & 1) ? 0x1p-21f : 0x1p-7f};
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsG + warp * 16, tok0 = static_cast<int64_t>(blockIdx.x) * kToksG;
@@ -236,21 +274,22 @@ __global__ void __launch_bounds__(kWarpsG * 32) gemm_mma_kernel(const LinearPara
   const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
   const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc[kPairs][2] = {};
+  stage_block(stages[0], xs, tok0, n_t, 0);
+  copies_commit();
   for (int64_t blk = 0; blk < xs.n_blocks; ++blk) {
-    // Stage the tokens' digits (16-byte pieces; tokens past the call: zero), mins words and S.
-    for (int i = threadIdx.x; i < kToksG * 64; i += blockDim.x) {
-      const int tk = i >> 6, piece = i & 63;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (tk < n_t) v = reinterpret_cast<const uint4*>(xs.q + ((tok0 + tk) * xs.n_blocks + blk) * (kDigits * 256))[piece];
-      *reinterpret_cast<uint4*>(bq + tk * kTokPitch + (piece >> 4) * kQPitch + (piece & 15) * 16) = v;
+    const int cur = static_cast<int>(blk & 1);
+    if (blk + 1 < xs.n_blocks) {
+      stage_block(stages[cur ^ 1], xs, tok0, n_t, blk + 1);
+      copies_commit();
+      copies_wait<1>();
+    } else {
+      copies_wait<0>();
     }
-    for (int i = threadIdx.x; i < kToksG * kMinsWords; i += blockDim.x) {
-      const int tk = i / kMinsWords, w = i % kMinsWords;
-      bm[tk][w] = tk < n_t ? xs.mins[((tok0 + tk) * xs.n_blocks + blk) * kMinsWords + w] : 0u;
-    }
-    if (threadIdx.x < kToksG) bs[threadIdx.x] = threadIdx.x < n_t ? xs.scale[(tok0 + threadIdx.x) * xs.n_blocks + blk] : 0.0f;
     __syncthreads();
-    if (r0 < p.rows) Blk::add(row_a + blk * Blk::kBytes, row_b + blk * Blk::kBytes, bq, bm, bs, ln, acc);
+    if (r0 < p.rows) {
+      Blk::add(row_a + blk * Blk::kBytes, row_b + blk * Blk::kBytes, stages[cur].q, stages[cur].mins, stages[cur].scale,
+               ln, acc);
+    }
     __syncthreads();
   }
   // Lanes t and t ^ 1 hold the two halves of one token's digits.
@@ -285,7 +324,7 @@ Status run_gemm_mma(const LinearParams& p, cudaStream_t st) {
   const int64_t chunk = std::min(p.n_tok, kMaxSplitToks);
   const size_t q_bytes = static_cast<size_t>(chunk * n_blocks) * kDigits * 256;
   const size_t m_bytes = static_cast<size_t>(chunk * n_blocks) * kMinsWords * 4;
-  const size_t s_bytes = static_cast<size_t>(chunk * n_blocks) * 4;
+  const size_t s_bytes = static_cast<size_t>(chunk * n_blocks) * 16;
   uint8_t* scratch = nullptr;
   CUDA_RETURN_IF_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&scratch), q_bytes + m_bytes + s_bytes, st));
   const XSplit xs{reinterpret_cast<int8_t*>(scratch), reinterpret_cast<uint32_t*>(scratch + q_bytes),

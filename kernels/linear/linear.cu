@@ -398,11 +398,22 @@ int64_t gemm_min_tokens() {
   return n;
 }
 
+// The fewest tokens the tensor-core GEMM (gemm_mma.cu) takes: 4, or DSF_GEMM_MMA_MIN_TOKENS
+// (measurement). H200, perf preset, a 64-token prefill (the routed experts' calls have a few
+// tokens each): 278 tok/s from 16 tokens, 301 from 4, 296 from 2.
+int64_t gemm_mma_min_tokens() {
+  static const int64_t n = [] {
+    const long long v = cuda::env_int("DSF_GEMM_MMA_MIN_TOKENS", 0);
+    return v > 0 ? static_cast<int64_t>(v) : int64_t{4};
+  }();
+  return n;
+}
+
 template <GgmlType kType>
 Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   const unsigned grid = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
   const cuda::LaunchParams lp{dim3(grid), dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)};
-  if (p.n_tok >= gemm_min_tokens() && gemm_mma_applies(kType, p)) return launch_gemm_mma(ctx, kType, p);
+  if (p.n_tok >= gemm_mma_min_tokens() && gemm_mma_applies(kType, p)) return launch_gemm_mma(ctx, kType, p);
   if (p.n_tok >= gemm_min_tokens() && (p.n_tok + kGemmToks - 1) / kGemmToks <= 65535) {
     const dim3 g(static_cast<unsigned>((p.rows + kGemmRows - 1) / kGemmRows),
                  static_cast<unsigned>((p.n_tok + kGemmToks - 1) / kGemmToks));

@@ -310,7 +310,7 @@ TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
 }
 
 // The prefill GEMM on the integer tensor cores (Q4_K, Q2_K, Q3_K): fp32 accuracy against the
-// CPU (NMSE < 1e-8) at token counts that fill 16-token tiles partly (16, 17, 33, 100) and over
+// CPU (NMSE < 1e-8) at token counts that fill 16-token tiles partly (5, 16, 17, 33, 100) and over
 // the split's 1,024-token chunks (1,100), rows that fill 128-row tiles partly, inputs spread
 // over six decades; a NaN in one token's input makes that token's outputs NaN and no other's.
 TEST_P(LinearCuda, TensorCoreGemmKeepsFp32Accuracy) {
@@ -321,7 +321,7 @@ TEST_P(LinearCuda, TensorCoreGemmKeepsFp32Accuracy) {
   struct Shape {
     int64_t K, N, T;
   };
-  for (const Shape sh : {Shape{256, 17, 16}, Shape{2304, 130, 17}, Shape{5120, 1031, 33}, Shape{1280, 257, 100},
+  for (const Shape sh : {Shape{256, 17, 16}, Shape{2304, 130, 5}, Shape{2304, 130, 17}, Shape{5120, 1031, 33}, Shape{1280, 257, 100},
                          Shape{256, 17, 1100}}) {
     const int64_t K = sh.K, N = sh.N, T = sh.T;
     std::mt19937 rng(303 + static_cast<int>(K + N + T));
