@@ -62,6 +62,7 @@ struct SplitArgs {
   int64_t chunks;
   Scratch x;
   float* o;
+  int64_t t0, S;  // the launch's first query row, the call's rows (a launch takes rows t0 + blockIdx.z)
 };
 
 // The CTA's chunk: how many entries it has and their rows (null: no entry) in shared memory.
@@ -72,12 +73,12 @@ __device__ __forceinline__ int chunk_rows(const SplitArgs& a, int64_t c, int64_t
   const int32_t* list = a.idx + t * (a.width - win.ww);
   if (threadIdx.x < kChunk) {
     const int k = static_cast<int>(threadIdx.x);
-    rows[k] = k < cn ? kv_row(a.kv_a, a.n_a, a.kv_b, a.Dh, list_entry(win, pos0, gridDim.z, t, list, e0 + k)) : nullptr;
+    rows[k] = k < cn ? kv_row(a.kv_a, a.n_a, a.kv_b, a.Dh, list_entry(win, pos0, a.S, t, list, e0 + k)) : nullptr;
   }
   return cn;
 }
 
-// grid (chunks, H / kHeads, S): the logits of one chunk of row t's list for kHeads heads (each
+// grid (chunks, H / kHeads, rows): the logits of one chunk of row t's list for kHeads heads (each
 // warp's kWarpEntries entries for all of them at once, 16-byte loads of the rows) and the
 // chunk's max logit per head. Chunk 0 also clears the row's count of finished chunks.
 __global__ void __launch_bounds__(kThreads) sparse_logits_kernel(const __grid_constant__ SplitArgs a) {
@@ -85,11 +86,11 @@ __global__ void __launch_bounds__(kThreads) sparse_logits_kernel(const __grid_co
   extern __shared__ float4 q_smem[];  // [kHeads][Dh / 4]
   __shared__ float logit[kHeads][kChunk];
   __shared__ const float* rows[kChunk];
-  const int64_t c = blockIdx.x, t = blockIdx.z, Dh = a.Dh, Dh4 = Dh / 4;
+  const int64_t c = blockIdx.x, tl = blockIdx.z, t = a.t0 + tl, Dh = a.Dh, Dh4 = Dh / 4;  // tl: the scratch's row
   const int h0 = static_cast<int>(blockIdx.y) * kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* qs = reinterpret_cast<float*>(q_smem);
   for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kThreads) qs[i] = a.q[(t * a.H + h0) * Dh + i];
-  if (c == 0 && threadIdx.x == 0) a.x.done[t * (a.H / kHeads) + blockIdx.y] = 0;
+  if (c == 0 && threadIdx.x == 0) a.x.done[tl * (a.H / kHeads) + blockIdx.y] = 0;
   const int cn = chunk_rows(a, c, t, rows);
   const RopeArgs rope = a.rope;
   for (int h = 0; h < kHeads; ++h) rope.rotate(qs + h * Dh, Dh, t, false);
@@ -124,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) sparse_logits_kernel(const __grid_co
   __syncthreads();
   if (warp < kHeads) {
     const int h = warp;
-    const int64_t at = (t * a.H + h0 + h) * a.chunks + c;
+    const int64_t at = (tl * a.H + h0 + h) * a.chunks + c;
     float cmax = -INFINITY;
     for (int k = lane; k < kChunk; k += 32) {
       a.x.logits[at * kChunk + k] = logit[h][k];
@@ -146,12 +147,12 @@ __device__ __forceinline__ float max_through(const float* cmax, int64_t c) {
 // order (acc = acc * rescale + part, L likewise), the sink, the division, the inverse RoPE. Per
 // head one lane forms the chunks' rescales and L; then each thread four dims of one head, their
 // chunks' value sums loaded ahead of the (ordered) accumulation.
-__device__ void merge_chunks(const SplitArgs& a, int64_t t, int h0, float* out, float* rescale) {
+__device__ void merge_chunks(const SplitArgs& a, int64_t t, int64_t tl, int h0, float* out, float* rescale) {
   __shared__ float s_L[kHeads];
   const int64_t Dh = a.Dh, Dh4 = Dh / 4, n = a.chunks;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (warp < kHeads && lane == 0) {
-    const int64_t row = t * a.H + h0 + warp;
+    const int64_t row = tl * a.H + h0 + warp;
     const float *cmax = a.x.cmax + row * n, *psum = a.x.psum + row * n;
     float m = -1e30f, L = 0.0f;
     for (int64_t c = 0; c < n; ++c) {
@@ -166,7 +167,7 @@ __device__ void merge_chunks(const SplitArgs& a, int64_t t, int h0, float* out, 
   for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kThreads) {
     const int h = static_cast<int>(i / Dh4);
     const int64_t d4 = i % Dh4;
-    const float4* part = reinterpret_cast<const float4*>(a.x.part + (t * a.H + h0 + h) * n * Dh) + d4;
+    const float4* part = reinterpret_cast<const float4*>(a.x.part + (tl * a.H + h0 + h) * n * Dh) + d4;
     const float* r = rescale + h * n;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
@@ -190,7 +191,7 @@ __device__ void merge_chunks(const SplitArgs& a, int64_t t, int h0, float* out, 
   for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kThreads) a.o[(t * a.H + h0) * Dh + i] = out[i];
 }
 
-// grid (chunks, H / kHeads, S): the chunk's probabilities against the running max (as the
+// grid (chunks, H / kHeads, rows): the chunk's probabilities against the running max (as the
 // reference: p = exp(logit - max), their sum in entry order, bf16 p for the values), its value
 // sum (each thread four dims of one head, entries in order), then the last chunk's CTA to
 // finish merges them all (merge_chunks, in chunk order whichever finishes last).
@@ -200,11 +201,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_values_kernel(const __grid
   __shared__ float pb[kHeads][kChunk];
   __shared__ const float* rows[kChunk];
   __shared__ bool last;
-  const int64_t c = blockIdx.x, t = blockIdx.z, Dh = a.Dh, Dh4 = Dh / 4;
+  const int64_t c = blockIdx.x, tl = blockIdx.z, t = a.t0 + tl, Dh = a.Dh, Dh4 = Dh / 4;
   const int h0 = static_cast<int>(blockIdx.y) * kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cn = chunk_rows(a, c, t, rows);
   if (warp < kHeads) {
-    const int64_t row = t * a.H + h0 + warp, at = row * a.chunks + c;
+    const int64_t row = tl * a.H + h0 + warp, at = row * a.chunks + c;
     const float m_new = max_through(a.x.cmax + row * a.chunks, c);
     const float* lg = a.x.logits + at * kChunk;
     for (int k = lane; k < kChunk; k += 32) pb[warp][k] = k < cn ? expf(lg[k] - m_new) : 0.0f;  // p, unrounded
@@ -233,18 +234,18 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_values_kernel(const __grid
       acc.z = __fadd_rn(acc.z, __fmul_rn(p, v.z));
       acc.w = __fadd_rn(acc.w, __fmul_rn(p, v.w));
     }
-    reinterpret_cast<float4*>(a.x.part + ((t * a.H + h0 + h) * a.chunks + c) * Dh)[d4] = acc;
+    reinterpret_cast<float4*>(a.x.part + ((tl * a.H + h0 + h) * a.chunks + c) * Dh)[d4] = acc;
   }
   // The last CTA of the (row, head group) to get here merges: every write above is visible
   // device-wide before the count moves.
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(a.x.done + t * (a.H / kHeads) + blockIdx.y, 1) == a.chunks - 1;
+  if (threadIdx.x == 0) last = atomicAdd(a.x.done + tl * (a.H / kHeads) + blockIdx.y, 1) == a.chunks - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
   float* out = reinterpret_cast<float*>(out_smem);
-  merge_chunks(a, t, h0, out, out + kHeads * Dh);
+  merge_chunks(a, t, tl, h0, out, out + kHeads * Dh);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -256,6 +257,20 @@ bool split_off() {
   return off;
 }
 
+// Bytes of partial results a query row takes (all heads, all chunks).
+int64_t row_scratch(int H, int64_t Dh, int64_t width) {
+  return H * chunks_of(width) * (Dh + kChunk + 2) * static_cast<int64_t>(sizeof(float));
+}
+
+// Query rows a launch pair takes: all that fit kMaxScratch, or (a prefill chunk) as many as
+// do, in passes; DSF_ATTN_SPLIT_PASSES=0 (measurement) leaves calls that need passes to the
+// single-launch kernel.
+int64_t rows_a_pass(int64_t S, int H, int64_t Dh, int64_t width) {
+  static const bool passes = cuda::env_int("DSF_ATTN_SPLIT_PASSES", 1) != 0;
+  const int64_t fit = kMaxScratch / row_scratch(H, Dh, width);
+  return fit >= S ? S : passes ? fit : 0;
+}
+
 }  // namespace
 
 bool split_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, const float* kv_a, const float* kv_b,
@@ -263,25 +278,31 @@ bool split_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, 
   if (split_off() || width <= 0 || H % kHeads != 0 || Dh % 4 != 0 || Dh > kMaxDh) return false;
   if (chunks_of(width) > kMaxChunks) return false;
   if (!aligned16(q) || !aligned16(kv_a) || (kv_b != nullptr && !aligned16(kv_b)) || !aligned16(o)) return false;
-  return S * H * chunks_of(width) * (Dh + kChunk + 2) * static_cast<int64_t>(sizeof(float)) <= kMaxScratch;
+  return rows_a_pass(S, H, Dh, width) > 0;
 }
 
 Status sparse_attn_split(cudaStream_t st, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a, int64_t n_a,
                          const float* kv_b, const int32_t* idx, int64_t width, const float* sink, float scale, float* o,
                          const RopeArgs& rope, const WindowArgs& win) {
-  const int64_t chunks = chunks_of(width), n = S * H * chunks;  // (row, head, chunk) triples
+  const int64_t per = rows_a_pass(S, H, Dh, width);
+  if (per <= 0) return absl::InternalError("sparse_attn_split: no row fits its scratch");
+  const int64_t chunks = chunks_of(width), n = per * H * chunks;  // a pass's (row, head, chunk) triples
   const int64_t floats = n * (Dh + kChunk + 2);
   void* mem = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&mem, floats * sizeof(float) + S * (H / kHeads) * sizeof(int), st));
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&mem, floats * sizeof(float) + per * (H / kHeads) * sizeof(int), st));
   float* f = static_cast<float*>(mem);
   const Scratch x{f, f + n * Dh, f + n * (Dh + kChunk), f + n * (Dh + kChunk + 1), reinterpret_cast<int*>(f + floats)};
-  const SplitArgs args{q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, chunks, x, o};
-  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(H / kHeads), static_cast<unsigned>(S));
   const size_t smem = static_cast<size_t>(kHeads * Dh) * sizeof(float);
   const size_t merge_smem = smem + static_cast<size_t>(kHeads * chunks) * sizeof(float);
   const Status s = [&]() -> Status {
-    RETURN_IF_ERROR(cuda::launch(sparse_logits_kernel, cuda::LaunchParams{grid, dim3(kThreads), smem, st}, args));
-    return cuda::launch(sparse_values_kernel, cuda::LaunchParams{grid, dim3(kThreads), merge_smem, st}, args);
+    for (int64_t t0 = 0; t0 < S; t0 += per) {  // each pass reuses the scratch (stream order)
+      const SplitArgs args{q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, chunks, x, o, t0, S};
+      const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(H / kHeads),
+                      static_cast<unsigned>(std::min(per, S - t0)));
+      RETURN_IF_ERROR(cuda::launch(sparse_logits_kernel, cuda::LaunchParams{grid, dim3(kThreads), smem, st}, args));
+      RETURN_IF_ERROR(cuda::launch(sparse_values_kernel, cuda::LaunchParams{grid, dim3(kThreads), merge_smem, st}, args));
+    }
+    return absl::OkStatus();
   }();
   (void)cudaFreeAsync(mem, st);
   return s;
