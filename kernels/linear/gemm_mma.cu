@@ -140,28 +140,12 @@ struct Q2KGemm {
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const int8_t* bq,
                                              const uint32_t (*bm)[kMinsWords], const float (*bs)[4], const PairLane& ln,
                                              float (&acc)[kPairs][2]) {
-    const uint32_t* sa = reinterpret_cast<const uint32_t*>(ba);
-    const uint32_t* sb = reinterpret_cast<const uint32_t*>(bb);
-    uint32_t sca[4], scb[4];
+    const Q2KRows rows(ba, bb, ln.t);
+    uint32_t a[8][4];  // A of mma (n, j)
 #pragma unroll
-    for (int k = 0; k < 4; ++k) sca[k] = sa[k], scb[k] = sb[k];
-    uint32_t a[8][4];  // A of mma (n, j): rows g, g + 8 at k = 4t.. and 16 + 4t..
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const uint32_t* qa = reinterpret_cast<const uint32_t*>(ba + 16 + 32 * n + 8 * ln.t);
-      const uint32_t* qb = reinterpret_cast<const uint32_t*>(bb + 16 + 32 * n + 8 * ln.t);
-      const uint32_t qa0 = qa[0], qa1 = qa[1], qb0 = qb[0], qb1 = qb[1];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int s = 8 * n + 2 * j + (ln.t >> 1);
-        const uint32_t fa = static_cast<uint32_t>(byte_of(sca[s / 4], s % 4) & 0xf);
-        const uint32_t fb = static_cast<uint32_t>(byte_of(scb[s / 4], s % 4) & 0xf);
-        a[4 * n + j][0] = ((qa0 >> (2 * j)) & 0x03030303u) * fa, a[4 * n + j][1] = ((qb0 >> (2 * j)) & 0x03030303u) * fb;
-        a[4 * n + j][2] = ((qa1 >> (2 * j)) & 0x03030303u) * fa, a[4 * n + j][3] = ((qb1 >> (2 * j)) & 0x03030303u) * fb;
-      }
-    }
-    const uint32_t am_a = (word_at(sca, ln.t) >> 4) & 0x0f0f0f0fu, am_b = (word_at(scb, ln.t) >> 4) & 0x0f0f0f0fu;
-    const uint32_t da = *reinterpret_cast<const uint32_t*>(ba + 80), db = *reinterpret_cast<const uint32_t*>(bb + 80);
+    for (int i = 0; i < 8; ++i) rows.a(i / 4, i % 4, a[i]);
+    const uint32_t am_a = rows.mins_a(0), am_b = rows.mins_a(1);
+    const uint32_t da = rows.d_dmin(0), db = rows.d_dmin(1);
 #pragma unroll
     for (int pr = 0; pr < kPairs; ++pr) {
       int v[4] = {0, 0, 0, 0};

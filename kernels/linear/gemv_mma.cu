@@ -206,35 +206,25 @@ struct Q2KBlock {
   static constexpr int kBytes = 84;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    const uint32_t* sa = reinterpret_cast<const uint32_t*>(ba);
-    const uint32_t* sb = reinterpret_cast<const uint32_t*>(bb);
-    uint32_t sca[4], scb[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) sca[k] = sa[k], scb[k] = sb[k];
+    const Q2KRows rows(ba, bb, ln.t);
     int v[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      const uint32_t* qa = reinterpret_cast<const uint32_t*>(ba + 16 + 32 * n + 8 * ln.t);
-      const uint32_t* qb = reinterpret_cast<const uint32_t*>(bb + 16 + 32 * n + 8 * ln.t);
-      const uint32_t qa0 = qa[0], qa1 = qa[1], qb0 = qb[0], qb1 = qb[1];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int s = 8 * n + 2 * j + (ln.t >> 1);
-        const uint32_t fa = static_cast<uint32_t>(byte_of(sca[s / 4], s % 4) & 0xf);
-        const uint32_t fb = static_cast<uint32_t>(byte_of(scb[s / 4], s % 4) & 0xf);
+        uint32_t a[4];
+        rows.a(n, j, a);
         const uint2 xv = ln.g < kDigits
                              ? *reinterpret_cast<const uint2*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 8 * ln.t)
                              : make_uint2(0, 0);
-        mma_s8(v, ((qa0 >> (2 * j)) & 0x03030303u) * fa, ((qb0 >> (2 * j)) & 0x03030303u) * fb,
-               ((qa1 >> (2 * j)) & 0x03030303u) * fa, ((qb1 >> (2 * j)) & 0x03030303u) * fb, xv);
+        mma_s8(v, a[0], a[1], a[2], a[3], xv);
       }
     }
     // The mins (m_s: the high nibble of scale byte s) on one more mma, A row r's k = s, B
     // mins_table<16>'s operand.
     int m[4] = {0, 0, 0, 0};
-    mma_s8(m, (word_at(sca, ln.t) >> 4) & 0x0f0f0f0fu, (word_at(scb, ln.t) >> 4) & 0x0f0f0f0fu, 0u, 0u,
-           make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
-    const uint32_t da = *reinterpret_cast<const uint32_t*>(ba + 80), db = *reinterpret_cast<const uint32_t*>(bb + 80);
+    mma_s8(m, rows.mins_a(0), rows.mins_a(1), 0u, 0u, make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
+    const uint32_t da = rows.d_dmin(0), db = rows.d_dmin(1);
     const float S = x.scale[xblk];
     *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.mins(m[0], m[1]));
     *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.mins(m[2], m[3]));
