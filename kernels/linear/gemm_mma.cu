@@ -31,8 +31,7 @@ constexpr int kWarpsG = 8;             // a CTA: 8 row groups of 16 rows
 constexpr int kRowsG = 16 * kWarpsG;   // 128 rows
 constexpr int kToksG = 16;             // tokens a CTA
 constexpr int kPairs = kToksG / 2;
-constexpr int kQPitch = 288;           // a digit row in shared memory: a half-warp's loads on distinct banks
-constexpr int kTokPitch = kDigits * kQPitch;
+constexpr int kTokPitch = kDigits * kQRow;
 constexpr int kMinsWords = 32;         // a (token, block)'s mins words (16 used for Q4_K)
 constexpr int64_t kMaxSplitToks = 1024;  // tokens split at once (the split's scratch: ~1.2 KB a token and block)
 
@@ -84,7 +83,7 @@ struct PairLane {
 };
 
 __device__ __forceinline__ uint2 b_digits(const int8_t* bq, const PairLane& ln, int pair, int col) {
-  return *reinterpret_cast<const uint2*>(bq + (2 * pair + (ln.g >> 2)) * kTokPitch + (ln.g & 3) * kQPitch + col +
+  return *reinterpret_cast<const uint2*>(bq + (2 * pair + (ln.g >> 2)) * kTokPitch + (ln.g & 3) * kQRow + col +
                                          8 * ln.t);
 }
 
@@ -230,7 +229,7 @@ __device__ __forceinline__ void stage_block(Stage& st, const XSplit& xs, int64_t
   for (int i = threadIdx.x; i < kToksG * 64; i += blockDim.x) {
     const int tk = i >> 6, piece = i & 63;
     const int64_t item = (tok0 + min(tk, n_t - 1)) * xs.n_blocks + blk;
-    copy16(st.q + tk * kTokPitch + (piece >> 4) * kQPitch + (piece & 15) * 16,
+    copy16(st.q + tk * kTokPitch + (piece >> 4) * kQRow + (piece & 15) * 16,
            xs.q + item * (kDigits * 256) + piece * 16, tk < n_t);
   }
   for (int i = threadIdx.x; i < kToksG * (kMinsWords / 4); i += blockDim.x) {

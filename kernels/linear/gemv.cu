@@ -463,18 +463,11 @@ Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams*
 
 namespace {
 
-// One token of W x into y (x, y may be null where only the shape is asked about).
-LinearParams one_token(const Weight& w, const float* x, float* y, OutRound round) {
-  const quant::TypeTraits& t = quant::traits(w.type);
-  return LinearParams{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), 1,
-                      static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
-}
-
 // The jobs as decode GEMV products (all n when they fit one launch: same type, shape and
 // alignment), or 0.
 int gemv_params(const LinearJob* jobs, int n, OutRound round, LinearParams (&p)[kMaxGemvBatch]) {
   const int m = n <= kMaxGemvBatch ? n : 0;
-  for (int i = 0; i < m; ++i) p[i] = one_token(jobs[i].w, jobs[i].x, jobs[i].y, round);
+  for (int i = 0; i < m; ++i) p[i] = params_of(jobs[i].w, jobs[i].x, jobs[i].y, 1, round);
   bool same_type = true;
   for (int i = 1; i < m; ++i) same_type = same_type && jobs[i].w.type == jobs[0].w.type;
   return m > 0 && same_type && decode_gemv_applies(jobs[0].w.type, p, m) ? m : 0;
@@ -517,7 +510,7 @@ Status experts_gemv(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, c
                     int64_t x_stride, float* y, int64_t y_stride, OutRound round, int mma) {
   if (n <= 0) return absl::OkStatus();
   const quant::TypeTraits& t = quant::traits(w.type);
-  ExpertBatch b{one_token(w, x, y, round), ids, expert_bytes, x_stride, y_stride};
+  ExpertBatch b{params_of(w, x, y, 1, round), ids, expert_bytes, x_stride, y_stride};
   const uintptr_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;
   if (!decode_gemv_applies(w.type, &b.p, 1) || expert_bytes % static_cast<int64_t>(w_align) != 0 || x_stride % 4 != 0) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_cuda: no decode GEMV for ", t.name, " at this alignment"));
@@ -558,15 +551,15 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
   if (same && experts_mma_fits(gate, gate_bytes, n) && experts_mma_fits(up, up_bytes, n) &&
       linear_experts_supported(gate, gate_bytes) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
       experts_mma_applies(gate.type, gate.rows, gate.cols, 2 * n)) {
-    return launch_experts_mma(ctx, gate.type, one_token(gate, x, y_gate, round), ids, gate_bytes, n, 0, y_stride, up.data,
-                              y_up, up_bytes);
+    return launch_experts_mma(ctx, gate.type, params_of(gate, x, y_gate, 1, round), ids, gate_bytes, n, 0, y_stride,
+                              up.data, y_up, up_bytes);
   }
   RETURN_IF_ERROR(linear_experts_cuda(ctx, gate, gate_bytes, ids, n, x, 0, y_gate, y_stride, round));
   return linear_experts_cuda(ctx, up, up_bytes, ids, n, x, 0, y_up, y_stride, round);
 }
 
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {
-  const LinearParams p = one_token(w, nullptr, nullptr, OutRound::kF32);
+  const LinearParams p = params_of(w, nullptr, nullptr, 1, OutRound::kF32);
   const int64_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;
   return decode_gemv_applies(w.type, &p, 1) && expert_bytes % w_align == 0;
 }
@@ -592,7 +585,7 @@ Status linear_experts_q8_cuda(const ExecCtx& ctx, const Weight& w, int64_t exper
   if (!linear_experts_q8_supported(w, expert_bytes)) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_q8_cuda: no 8-bit-activation GEMV for ", t.name));
   }
-  ExpertBatchQ8 b{one_token(w, nullptr, y, round), ids, expert_bytes, y_stride, one_x ? 0 : w.cols, x};
+  ExpertBatchQ8 b{params_of(w, nullptr, y, 1, round), ids, expert_bytes, y_stride, one_x ? 0 : w.cols, x};
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (w.type == GgmlType::kQ2_K) return launch_rows<ExpertQ8K, GgmlType::kQ2_K>(w.rows, w.cols, n, st, b);
   return launch_rows<ExpertQ8K, GgmlType::kQ3_K>(w.rows, w.cols, n, st, b);

@@ -38,7 +38,6 @@ using namespace dsflash::kernels::mma;
 // x as digits in a CTA's shared memory, per 256-column block: four digit rows of 256 bytes,
 // each padded to kQRow (a warp's 16 digit loads then hit distinct banks; the padding holds the
 // mins' operand), the digits' sums per 16 columns (what that operand is made of) and S.
-constexpr int kQRow = 288;
 constexpr int kBlockSmem = kDigits * kQRow + kDigits * 16 * 4 + 4;
 // The largest input: its digits, beside mma_rows' partial sums, in the 48 KB a CTA may take
 // without opting in (8,704 columns; the released model's largest Q4_K input is 8,192).
@@ -91,7 +90,6 @@ __device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
   mins_table<kSub>(d, n_blocks);
   return d;
 }
-
 
 // Where a lane works. A warp takes 16 rows (lane (g, t): rows g and g + 8, the mma's A rows)
 // and every kSlices-th block of them; a CTA holds kCtaWarps / kSlices such row groups. B's
@@ -195,7 +193,6 @@ struct Q4KBlock {
     *acc_b += S * (hb.d * ln.digits(vb0, vb1) - hb.dmin * ln.mins(m[2], m[3]));
   }
 };
-
 
 // Q2_K (84-byte blocks, 4-byte aligned: scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin).
 // Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in sub-block 8n + 2j + l / 16; lane t

@@ -457,10 +457,7 @@ Status linear_gemm_mma_cuda(const ExecCtx& ctx, const Weight& w, const float* x,
                             OutRound round) {
   if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_gemm_mma_cuda needs a CUDA context");
   if (w.rows <= 0 || w.cols <= 0 || n_tok <= 0) return absl::InvalidArgumentError("linear_gemm_mma_cuda: empty shape");
-  const quant::TypeTraits& t = quant::traits(w.type);
-  const LinearParams p{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), n_tok,
-                       static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
-  return launch_gemm_mma(ctx, w.type, p);
+  return launch_gemm_mma(ctx, w.type, params_of(w, x, y, n_tok, round));
 }
 
 Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y, OutRound round) {
@@ -470,8 +467,7 @@ Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t 
   if (w.cols % t.block_elems != 0) {
     return absl::InvalidArgumentError(absl::StrCat("linear_cuda: ", w.cols, " columns are not whole ", t.name, " blocks"));
   }
-  const LinearParams p{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), n_tok,
-                       static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
+  const LinearParams p = params_of(w, x, y, n_tok, round);
   if (decode_gemv_applies(w.type, &p, 1)) return launch_decode_gemv(ctx, w.type, &p, 1);
   switch (w.type) {
     case GgmlType::kF32: return launch_linear<GgmlType::kF32>(ctx, p);

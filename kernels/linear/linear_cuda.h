@@ -68,7 +68,7 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
                                OutRound round = OutRound::kBf16);
 
 // As linear_cuda on the prefill GEMM on the integer tensor cores whatever the token count
-// (linear_cuda takes it from 16 tokens): Q4_K, Q2_K and Q3_K, 16-byte aligned x; else
+// (linear_cuda takes it from 4 tokens): Q4_K, Q2_K and Q3_K, 16-byte aligned x; else
 // Unimplemented naming why.
 Status linear_gemm_mma_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y,
                             OutRound round = OutRound::kBf16);

@@ -7,6 +7,7 @@
 #include "common/quant/quant.h"
 #include "common/status.h"
 #include "kernels/exec.h"
+#include "kernels/linear/linear.h"
 
 namespace dsflash::kernels {
 
@@ -21,6 +22,14 @@ struct LinearParams {
   int block_elems, block_bytes;
   bool round_bf16;
 };
+
+// The product of w with n_tok rows of x into y (x, y may be null where only the shape is asked
+// about).
+inline LinearParams params_of(const Weight& w, const float* x, float* y, int64_t n_tok, OutRound round) {
+  const quant::TypeTraits& t = quant::traits(w.type);
+  return LinearParams{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), n_tok,
+                      static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
+}
 
 // The decode GEMVs (one token, Q2_K / Q3_K / Q4_K / Q6_K, gemv.cu): whether they take these
 // n products (same type and shape, aligned), and their launch (one launch for all n, n <= 16).

@@ -13,6 +13,10 @@ namespace dsflash::kernels::mma {
 
 using digits::kDigits;
 
+// A digit row's pitch in shared memory (256 bytes padded): the 8-byte loads of the 16 lanes
+// (g, t) that read digit row g % 4 at bytes 8t.. of one token then hit 32 distinct banks.
+constexpr int kQRow = 288;
+
 // d += A B: A 16 x 32 (row major, lane (g, t): rows g and g + 8, k = 4t.. and 16 + 4t..), B 32 x 8
 // (column g, the same k), s8 in, s32 sums.
 __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b) {
