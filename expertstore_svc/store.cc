@@ -66,6 +66,7 @@ StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, Stor
               s->tier_->entries() * (slot / 1048576.0), o.pin_staging ? ", page-locked" : "");
   }
   for (uint32_t i = 1; i < kSessions; ++i) s->free_sessions_.push_back(i);
+  s->open_[kLocalSession] = true;
   s->stats_.slots = slots;
   for (int i = 0; i < readers; ++i) s->readers_.emplace_back([p = s.get()] { p->reader_loop(); });
   const std::string eviction = o.evict_least_frequent        ? "least-frequent (aged)"
@@ -100,6 +101,7 @@ StatusOr<uint32_t> Store::open_session() {
   }
   const uint32_t s = free_sessions_.front();
   free_sessions_.pop_front();
+  open_[s] = true;
   ++stats_.sessions;
   return s;
 }
@@ -109,6 +111,7 @@ uint64_t Store::close_session(uint32_t session) {
   std::lock_guard<std::mutex> l(mu_);
   retired_hits_ += table_.session_hits(session);
   const uint64_t dropped = table_.clear_session(session);
+  open_[session] = false;
   free_sessions_.push_back(session);
   --stats_.sessions;
   return dropped;
@@ -227,10 +230,16 @@ StatusOr<Lease> Store::acquire(uint32_t session, uint32_t layer, uint32_t expert
   if (session >= kSessions) return absl::InvalidArgumentError(absl::StrCat("no session ", session));
   RETURN_IF_ERROR(slices_.at(layer, expert).status());
   for (int attempt = 0; attempt < 8; ++attempt) {
-    if (auto lease = table_.try_acquire(session, layer, expert, tick())) {
+    {
+      // Under mu_, as close_session: a session that closed while this call waited for a load
+      // (its client died) gets no lease, which nothing would drop; one taken before the close
+      // is dropped by it.
       std::lock_guard<std::mutex> l(mu_);
-      ++(attempt == 0 ? stats_.hits : stats_.misses);
-      return *lease;
+      if (!open_[session]) return absl::UnavailableError(absl::StrCat("session ", session, " is closed"));
+      if (auto lease = table_.try_acquire(session, layer, expert, tick())) {
+        ++(attempt == 0 ? stats_.hits : stats_.misses);
+        return *lease;
+      }
     }
     std::unique_lock<std::mutex> l(mu_);
     if (stop_) return absl::UnavailableError("the expert store is stopping");

@@ -6,6 +6,7 @@
 // on top of it. Thread-safe.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -142,6 +143,7 @@ class Store {
   std::deque<std::shared_ptr<Load>> demand_, prefetch_;
   std::map<uint64_t, std::shared_ptr<Load>> inflight_;  // layer * n_experts + expert
   std::deque<uint32_t> free_sessions_;                   // least recently freed first
+  std::array<bool, kSessions> open_{};                   // rows held by a session (kLocalSession always)
   std::vector<std::thread> readers_;
   bool stop_ = false;
   StoreStats stats_;

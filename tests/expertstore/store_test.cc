@@ -77,6 +77,11 @@ TEST(Store, ClosingASessionDropsItsLeases) {
   EXPECT_EQ(s.stats().leased, 1u);  // b's lease on (0, 1) holds
   EXPECT_EQ(s.close_session(*b), 1u);
   EXPECT_EQ(s.stats().leased, 0u);
+  // A closed session gets no new lease (an Acquire that outlived its client's session).
+  const auto late = s.acquire(*a, 0, 0);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable) << late.status();
+  EXPECT_NE(late.status().message().find("closed"), std::string::npos) << late.status();
+  EXPECT_EQ(s.stats().leased, 0u);
   // Every session can be opened; one more is refused with a clear error.
   std::vector<uint32_t> all;
   for (;;) {
