@@ -22,7 +22,6 @@
 #include <string_view>
 #include <utility>
 
-#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
@@ -114,19 +113,16 @@ struct Lane {
 // The rows of one tile (kCtaWarps / kSlices row groups of 16): each lane's partial sums (rows
 // g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
 // so the result does not depend on timing. Ends with the CTA in step, so the next tile may
-// reuse the partial sums' memory (and a staged tile's buffer). tile_w: where the tile's rows
-// lie from its first (a copy in shared memory), or null to read them in p.w.
+// reuse the partial sums' memory.
 template <class Block, int kSlices, int kCtaWarps>
-__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile,
-                                         const uint8_t* tile_w = nullptr) {
+__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
   constexpr int kGroups = kCtaWarps / kSlices;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
   const int t = lane & 3;
   const Lane ln{lane >> 2, t, t == 0 ? 1.0f : t == 1 ? 0x1p-14f : 0.0f, t == 0 ? 0x1p-7f : t == 1 ? 0x1p-21f : 0.0f};
-  const int64_t first = tile * kGroups * 16, r0 = first + warp / kSlices * 16;
-  const uint8_t* base = tile_w != nullptr ? tile_w : p.w + first * p.row_bytes;
-  const uint8_t* row_a = base + (min(r0 + ln.g, p.rows - 1) - first) * p.row_bytes;
-  const uint8_t* row_b = base + (min(r0 + ln.g + 8, p.rows - 1) - first) * p.row_bytes;
+  const int64_t r0 = (tile * kGroups + warp / kSlices) * 16;
+  const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
+  const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
   for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
     Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, blk, ln, &acc_a, &acc_b);
@@ -163,7 +159,7 @@ __device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& 
 // i = 8t .. 8t + 7 (one 8-byte load per row and c) as A's k = 4t.. and 16 + 4t.., and the
 // same columns' digit g as B. The 6-bit scales are applied to each sub-block's int32 result.
 struct Q4KBlock {
-  static constexpr int kBytes = 144, kSub = 32;
+  static constexpr int kBytes = 144;
   using Header = Q4KHeader;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
@@ -204,7 +200,7 @@ struct Q4KBlock {
 // so its 4-bit scale is folded into A (a packed multiply: code x scale <= 45, no byte carries)
 // and one int32 result gathers the whole block.
 struct Q2KBlock {
-  static constexpr int kBytes = 84, kSub = 16;
+  static constexpr int kBytes = 84;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
     const Q2KRows rows(ba, bb, ln.t);
@@ -239,7 +235,7 @@ struct Q2KBlock {
 // fit int8, so u = 8 uh + ul is folded in two parts (uh c, ul c <= 49) and c alone gives the
 // -32: three int32 results per block; the -4 comes from the digits' 16-column sums.
 struct Q3KBlock {
-  static constexpr int kBytes = 110, kSub = 16;
+  static constexpr int kBytes = 110;
   using Row = Q3KRow;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
@@ -308,8 +304,9 @@ struct ExpertMma {
   int tiles_per_cta;
 };
 
-// Product blockIdx.y of an expert launch.
-__device__ __forceinline__ LinearParams expert_product(const ExpertMma& b) {
+template <class Block, int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
+  cuda::await_inputs();
   LinearParams p = b.p;
   int k = blockIdx.y;
   int64_t stride = b.expert_bytes;
@@ -317,82 +314,8 @@ __device__ __forceinline__ LinearParams expert_product(const ExpertMma& b) {
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  return p;
-}
-
-template <class Block, int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
-  cuda::await_inputs();
-  const LinearParams p = expert_product(b);
   const XDigits x = split_x<16>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
-}
-
-// Staged GEMVs: each CTA's 16-row tiles of weights brought into its shared memory by bulk copies
-// (bulk_copy.cuh) up to `stages` tiles ahead (at most kMaxStages): one instruction a tile instead
-// of a load a lane and word, and no registers held by the bytes in flight. A tile's rows are
-// contiguous (16 x row_bytes, a multiple of 16 bytes) and read from shared memory as mma_rows
-// reads them from p.w, so the products are the unstaged kernels' bit for bit. kSlices warps a
-// CTA, one row group; a CTA takes tiles_per_cta consecutive tiles. The first copies overlap the
-// digit split, and where the weights are known before the inputs (dense products), the wait for
-// the kernel before.
-constexpr int kMaxStages = 4;
-
-struct Ring {
-  uint8_t* buf;    // stages x tile bytes, after the digits (split_x's shared memory)
-  uint64_t* full;  // a barrier a stage
-  int64_t first, count, tile_bytes;
-  int stages;
-};
-
-// Sets up the ring of CTA blockIdx.x over p's rows and starts its first copies (thread 0).
-__device__ __forceinline__ Ring ring_start(const LinearParams& p, int64_t n_blocks, int tiles_per_cta, int stages,
-                                           uint64_t* full) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  Ring r{smem + (n_blocks * kBlockSmem + 127) / 128 * 128, full, static_cast<int64_t>(blockIdx.x) * tiles_per_cta, 0,
-         16 * p.row_bytes, stages};
-  r.count = min(static_cast<int64_t>(tiles_per_cta), p.rows / 16 - r.first);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < stages; ++s) cuda::barrier_init(&full[s]);
-    for (int64_t i = 0; i < min(r.count, static_cast<int64_t>(stages)); ++i) {
-      cuda::bulk_load(r.buf + i * r.tile_bytes, p.w + (r.first + i) * r.tile_bytes, static_cast<uint32_t>(r.tile_bytes),
-                      &full[i]);
-    }
-  }
-  return r;
-}
-
-// Splits x, then multiplies the ring's tiles as they land, refilling each buffer once the CTA
-// is done with it.
-template <class Block, int kSlices>
-__device__ __forceinline__ void staged_tiles(const LinearParams& p, int64_t n_blocks, const Ring& r) {
-  const XDigits x = split_x<Block::kSub>(p.x, n_blocks);  // its barriers also publish the ring's set-up
-  for (int64_t i = 0; i < r.count; ++i) {
-    const int s = static_cast<int>(i % r.stages);
-    cuda::barrier_wait(&r.full[s], static_cast<uint32_t>(i / r.stages) & 1u);
-    mma_rows<Block, kSlices, kSlices>(p, x, n_blocks, r.first + i, r.buf + s * r.tile_bytes);
-    if (threadIdx.x == 0 && i + r.stages < r.count) {  // mma_rows ended with the CTA in step
-      cuda::bulk_load(r.buf + s * r.tile_bytes, p.w + (r.first + i + r.stages) * r.tile_bytes,
-                      static_cast<uint32_t>(r.tile_bytes), &r.full[s]);
-    }
-  }
-}
-
-template <class Block, int kSlices>
-__global__ void __launch_bounds__(kSlices * 32) dense_staged_kernel(const __grid_constant__ MmaBatch b, int stages) {
-  __shared__ uint64_t full[kMaxStages];
-  const LinearParams& p = b.p[blockIdx.y];
-  const Ring r = ring_start(p, b.n_blocks, b.tiles_per_cta, stages, full);  // the weights: before the wait
-  cuda::await_inputs();
-  staged_tiles<Block, kSlices>(p, b.n_blocks, r);
-}
-
-template <class Block, int kSlices>
-__global__ void __launch_bounds__(kSlices * 32) experts_staged_kernel(const __grid_constant__ ExpertMma b, int stages) {
-  __shared__ uint64_t full[kMaxStages];
-  cuda::await_inputs();  // the experts' ids come from the kernels before
-  const LinearParams p = expert_product(b);
-  staged_tiles<Block, kSlices>(p, b.n_blocks, ring_start(p, b.n_blocks, b.tiles_per_cta, stages, full));
 }
 
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
@@ -464,97 +387,6 @@ Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const 
   }
 }
 
-// Staged GEMVs (dense_staged_kernel, experts_staged_kernel): the bulk copies need 16-byte
-// aligned tiles (every product's rows 16-byte aligned, whole 16-row tiles), kSlices warps that
-// divide the blocks (a warp takes one or two blocks of each tile) and a CTA's shared memory for
-// the digits and the ring. For measurement, tiles in flight a CTA (0 = the unstaged kernels):
-// DSF_GEMV_STAGES for the routed experts, DSF_GEMV_DENSE_STAGES for the Q4_K products.
-int env_stages(const char* name) {
-  return static_cast<int>(std::clamp<long long>(env_int(name, 3), 0, kMaxStages));
-}
-
-int staged_slices(int64_t n_blocks) {
-  for (const int s : {16, 10, 9, 8}) {
-    if (n_blocks % s == 0) return s;
-  }
-  return 0;
-}
-
-bool tiles_aligned(const uint8_t* w, int64_t stride, int64_t rows) {
-  return reinterpret_cast<uintptr_t>(w) % 16 == 0 && stride % 16 == 0 && rows % 16 == 0;
-}
-
-// Lets `kernel` take smem bytes of dynamic shared memory (over the 48 KB default); once per size.
-Status allow_smem(const void* kernel, size_t smem) {
-  static std::mutex mu;
-  static std::map<const void*, size_t> allowed;
-  std::lock_guard<std::mutex> lock(mu);
-  size_t& a = allowed[kernel];
-  if (smem <= 48 * 1024 || smem <= a) return absl::OkStatus();
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  a = smem;
-  return absl::OkStatus();
-}
-
-// Launches a staged kernel over n products of `rows` (one wave of CTAs, each a run of tiles),
-// or returns false where its shared memory does not fit.
-template <int kSlices, typename Arg>
-StatusOr<bool> launch_staged_slices(void (*kernel)(Arg, int), Arg arg, int64_t rows, int64_t row_bytes, int n,
-                                    int stages, cudaStream_t st) {
-  const int64_t tiles = rows / 16;
-  const size_t smem = static_cast<size_t>((arg.n_blocks * kBlockSmem + 127) / 128 * 128 + stages * 16 * row_bytes);
-  if (smem > 200 * 1024) return false;
-  const void* fn = reinterpret_cast<const void*>(kernel);
-  RETURN_IF_ERROR(allow_smem(fn, smem));
-  ASSIGN_OR_RETURN(const int per_sm, resident_ctas(fn, kSlices * 32, smem));
-  if (per_sm == 0) return false;
-  const int64_t wave = static_cast<int64_t>(per_sm) * sm_count();
-  arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, (tiles * n + wave - 1) / wave));
-  const int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;
-  RETURN_IF_ERROR(cuda::launch(
-      kernel, cuda::LaunchParams{dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(n)), dim3(kSlices * 32), smem, st},
-      arg, stages));
-  return true;
-}
-
-template <class Block>
-StatusOr<bool> launch_experts_staged(const ExpertMma& b, int n, cudaStream_t st) {
-  static const int stages = env_stages("DSF_GEMV_STAGES");
-  if (stages == 0 || !tiles_aligned(b.p.w, b.expert_bytes, b.p.rows) ||
-      (b.w2 != nullptr && !tiles_aligned(b.w2, b.expert_bytes2, b.p.rows))) {
-    return false;
-  }
-  const auto go = [&]<int kSlices>() {
-    return launch_staged_slices<kSlices>(experts_staged_kernel<Block, kSlices>, b, b.p.rows, b.p.row_bytes, n, stages, st);
-  };
-  switch (staged_slices(b.n_blocks)) {
-    case 16: return go.template operator()<16>();
-    case 10: return go.template operator()<10>();
-    case 9: return go.template operator()<9>();
-    case 8: return go.template operator()<8>();
-    default: return false;
-  }
-}
-
-StatusOr<bool> launch_q4k_staged(const MmaBatch& b, int n, cudaStream_t st) {
-  static const int stages = env_stages("DSF_GEMV_DENSE_STAGES");
-  if (stages == 0) return false;
-  for (int i = 0; i < n; ++i) {
-    if (!tiles_aligned(b.p[i].w, b.p[i].row_bytes, b.p[i].rows)) return false;
-  }
-  const auto go = [&]<int kSlices>() {
-    return launch_staged_slices<kSlices>(dense_staged_kernel<Q4KBlock, kSlices>, b, b.p[0].rows, b.p[0].row_bytes, n,
-                                         stages, st);
-  };
-  switch (staged_slices(b.n_blocks)) {
-    case 16: return go.template operator()<16>();
-    case 10: return go.template operator()<10>();
-    case 9: return go.template operator()<9>();
-    case 8: return go.template operator()<8>();
-    default: return false;
-  }
-}
-
 template <int kSlices>
 struct Q4KMma {
   static constexpr auto fn = q4k_mma_kernel<kSlices>;
@@ -611,10 +443,7 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
     while (m < 16 && 2 * m <= v) m *= 2;
     return m;
   }();
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  ASSIGN_OR_RETURN(const bool staged, launch_q4k_staged(b, n, st));
-  if (staged) return absl::OkStatus();
-  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, st, b, max_slices);
+  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b, max_slices);
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
@@ -630,9 +459,6 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  ASSIGN_OR_RETURN(const bool staged, type == quant::GgmlType::kQ3_K ? launch_experts_staged<Q3KBlock>(b, products, st)
-                                                                    : launch_experts_staged<Q2KBlock>(b, products, st));
-  if (staged) return absl::OkStatus();
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
   return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }

@@ -438,8 +438,8 @@ TEST_P(LinearCuda, TensorCoreGemvRefusesTooWideInput) {
 TEST_P(LinearCuda, TensorCoreExpertGemvKeepsFp32Accuracy) {
   const GgmlType type = GetParam();
   if (type != GgmlType::kQ2_K && type != GgmlType::kQ3_K) GTEST_SKIP() << "Q2_K and Q3_K only";
-  // K = 2304 and 5120 with N a multiple of 16 take the staged kernel (tiles copied into shared
-  // memory); N = 5120 at K = 2304 (the down's shape) reuses each CTA's ring of tiles.
+  // The released shapes among them: gate/up (K = 5120, N = 2304) and down (K = 2304, N = 5120,
+  // several tiles a CTA).
   for (const int64_t K : {256, 1280, 2304, 5120}) {
     for (const int64_t N : {int64_t{17}, int64_t{2304}, K == 2304 ? int64_t{5120} : int64_t{0}}) {
       if (N == 0) continue;
