@@ -55,7 +55,7 @@ StatusOr<double> store_load_rate(const std::string& model, int threads, const st
   }
   for (uint32_t l = 0; l < c.n_layer; ++l) {
     for (uint32_t e = 0; e < c.n_expert; ++e) {
-      ASSIGN_OR_RETURN(const expertstore::Lease lease, store->acquire(expertstore::Store::kLocalSession, l, e));
+      ASSIGN_OR_RETURN(const expertstore::Lease lease, store->acquire(expertstore::Store::kLocal, l, e));
       RETURN_IF_ERROR(store->release(lease));
     }
   }

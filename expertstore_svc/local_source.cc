@@ -18,7 +18,7 @@ kernels::Weight view(const uint8_t* slot, const Slice& s, int64_t cols) {
 StatusOr<model::ExpertWeights> LocalStoreSource::acquire(int layer, int expert) {
   if (layer < 0 || expert < 0) return absl::OutOfRangeError("negative layer or expert");
   ASSIGN_OR_RETURN(const ExpertSlices sl, store_.slices().at(static_cast<uint32_t>(layer), static_cast<uint32_t>(expert)));
-  ASSIGN_OR_RETURN(const Lease lease, store_.acquire(Store::kLocalSession, static_cast<uint32_t>(layer), static_cast<uint32_t>(expert)));
+  ASSIGN_OR_RETURN(const Lease lease, store_.acquire(Store::kLocal, static_cast<uint32_t>(layer), static_cast<uint32_t>(expert)));
   {
     std::lock_guard<std::mutex> l(mu_);
     leases_.emplace(std::make_pair(layer, expert), lease);

@@ -213,7 +213,7 @@ grpc::ServerWriteReactor<pb::SessionEvent>* ExpertStoreService::OpenSession(grpc
   if (!row.ok()) return refuse(to_grpc(row.status()));
   pb::SessionEvent first;
   *first.mutable_info() = describe();
-  first.mutable_info()->set_lease_row(*row);
+  first.mutable_info()->set_lease_row(row->row);
   std::lock_guard<std::mutex> l(mu_);
   uint64_t id = 0;
   while (id == 0 || sessions_.count(id)) id = rng_();
@@ -221,12 +221,12 @@ grpc::ServerWriteReactor<pb::SessionEvent>* ExpertStoreService::OpenSession(grpc
   rows_[id] = *row;
   auto* r = new SessionReactor(this, id, std::move(first));
   sessions_[id] = r;
-  log::info("expert store: session %u opened by '%s'", *row, req->client_name().c_str());
+  log::info("expert store: session %u opened by '%s'", row->row, req->client_name().c_str());
   return r;
 }
 
 void ExpertStoreService::end_session(uint64_t id) {
-  uint32_t row = 0;
+  SessionRow row;
   {
     std::lock_guard<std::mutex> l(mu_);
     sessions_.erase(id);
@@ -236,10 +236,10 @@ void ExpertStoreService::end_session(uint64_t id) {
     rows_.erase(it);
   }
   const uint64_t dropped = store_.close_session(row);
-  log::info("expert store: session %u closed (%llu leases dropped)", row, static_cast<unsigned long long>(dropped));
+  log::info("expert store: session %u closed (%llu leases dropped)", row.row, static_cast<unsigned long long>(dropped));
 }
 
-StatusOr<uint32_t> ExpertStoreService::lease_row(uint64_t session_id) const {
+StatusOr<SessionRow> ExpertStoreService::lease_row(uint64_t session_id) const {
   std::lock_guard<std::mutex> l(mu_);
   auto it = rows_.find(session_id);
   if (it == rows_.end()) return absl::NotFoundError(absl::StrCat("no open session ", session_id));
@@ -301,7 +301,7 @@ grpc::ServerUnaryReactor* ExpertStoreService::Release(grpc::CallbackServerContex
     return r;
   }
   for (const auto& g : req->leases()) {
-    const Status s = store_.release(Lease{*row, g.slot(), g.generation()});
+    const Status s = store_.release(*row, g.slot(), g.generation());
     if (!s.ok()) {
       r->Finish(to_grpc(s));
       return r;

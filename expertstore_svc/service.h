@@ -71,7 +71,7 @@ class ExpertStoreService final : public dsflash::v1::ExpertStore::CallbackServic
   ExpertStoreService(Store& store, StoreMetrics* metrics) : store_(store), metrics_(metrics) {}
   void fd_loop();
   void serve_fds(int conn);
-  StatusOr<uint32_t> lease_row(uint64_t session_id) const;
+  StatusOr<SessionRow> lease_row(uint64_t session_id) const;
   void end_session(uint64_t session_id);
   dsflash::v1::SessionInfo describe() const;
 
@@ -85,7 +85,7 @@ class ExpertStoreService final : public dsflash::v1::ExpertStore::CallbackServic
   mutable std::mutex mu_;
   std::mt19937_64 rng_{std::random_device{}()};
   std::map<uint64_t, SessionReactor*> sessions_;  // by session id, while the stream is open
-  std::map<uint64_t, uint32_t> rows_;             // session id -> lease row
+  std::map<uint64_t, SessionRow> rows_;           // session id -> lease row
 };
 
 }  // namespace dsflash::expertstore

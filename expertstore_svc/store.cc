@@ -94,7 +94,7 @@ void Store::stop() {
 
 Store::~Store() { stop(); }
 
-StatusOr<uint32_t> Store::open_session() {
+StatusOr<SessionRow> Store::open_session() {
   std::lock_guard<std::mutex> l(mu_);
   if (free_sessions_.empty()) {
     return absl::ResourceExhaustedError(absl::StrCat("the expert store serves at most ", kSessions - 1, " client sessions"));
@@ -102,17 +102,22 @@ StatusOr<uint32_t> Store::open_session() {
   const uint32_t s = free_sessions_.front();
   free_sessions_.pop_front();
   open_[s] = true;
+  epoch_[s] = ++opened_;
   ++stats_.sessions;
-  return s;
+  return SessionRow{s, epoch_[s]};
 }
 
-uint64_t Store::close_session(uint32_t session) {
-  if (session == kLocalSession || session >= kSessions) return 0;
+bool Store::is_open(SessionRow s) const { return s.row < kSessions && open_[s.row] && epoch_[s.row] == s.epoch; }
+
+uint64_t Store::close_session(SessionRow session) {
+  if (session.row == kLocalSession) return 0;
   std::lock_guard<std::mutex> l(mu_);
-  retired_hits_ += table_.session_hits(session);
-  const uint64_t dropped = table_.clear_session(session);
-  open_[session] = false;
-  free_sessions_.push_back(session);
+  if (!is_open(session)) return 0;
+  const uint32_t row = session.row;
+  retired_hits_ += table_.session_hits(row);
+  const uint64_t dropped = table_.clear_session(row);
+  open_[row] = false;
+  free_sessions_.push_back(row);
   --stats_.sessions;
   return dropped;
 }
@@ -226,17 +231,17 @@ void Store::reader_loop() {
   }
 }
 
-StatusOr<Lease> Store::acquire(uint32_t session, uint32_t layer, uint32_t expert) {
-  if (session >= kSessions) return absl::InvalidArgumentError(absl::StrCat("no session ", session));
+StatusOr<Lease> Store::acquire(SessionRow session, uint32_t layer, uint32_t expert) {
+  if (session.row >= kSessions) return absl::InvalidArgumentError(absl::StrCat("no session row ", session.row));
   RETURN_IF_ERROR(slices_.at(layer, expert).status());
   for (int attempt = 0; attempt < 8; ++attempt) {
     {
       // Under mu_, as close_session: a session that closed while this call waited for a load
-      // (its client died) gets no lease, which nothing would drop; one taken before the close
-      // is dropped by it.
+      // (its client died) gets no lease, which nothing would drop, nor its row's next session;
+      // one taken before the close is dropped by it.
       std::lock_guard<std::mutex> l(mu_);
-      if (!open_[session]) return absl::UnavailableError(absl::StrCat("session ", session, " is closed"));
-      if (auto lease = table_.try_acquire(session, layer, expert, tick())) {
+      if (!is_open(session)) return absl::UnavailableError(absl::StrCat("session row ", session.row, " is closed"));
+      if (auto lease = table_.try_acquire(session.row, layer, expert, tick())) {
         ++(attempt == 0 ? stats_.hits : stats_.misses);
         return *lease;
       }
@@ -305,6 +310,12 @@ Status Store::release(const Lease& lease) {
   }
   table_.release(lease);
   return absl::OkStatus();
+}
+
+Status Store::release(SessionRow session, uint32_t slot, uint64_t generation) {
+  std::lock_guard<std::mutex> l(mu_);  // as close_session
+  if (!is_open(session)) return absl::UnavailableError(absl::StrCat("session row ", session.row, " is closed"));
+  return release(Lease{session.row, slot, generation});
 }
 
 StoreStats Store::stats() const {

@@ -69,9 +69,17 @@ struct StoreStats {
   uint32_t host_tier_slots = 0;
 };
 
+// A client session: its row of the lease table and which opening of that row it is (a closed
+// row is reused), so a call that outlives its session cannot act on the row's next holder.
+struct SessionRow {
+  uint32_t row = 0;
+  uint64_t epoch = 0;
+};
+
 class Store {
  public:
-  static constexpr uint32_t kLocalSession = 0;  // the in-process user (tests, benchmarks)
+  static constexpr uint32_t kLocalSession = 0;  // the in-process user's row (tests, benchmarks)
+  static constexpr SessionRow kLocal{kLocalSession, 0};
 
   // Opens the model (any shard of a set), builds the slice map, the arena and the staging
   // ring. Errors: missing or corrupt shards, absent or misshapen expert tensors, a budget
@@ -95,19 +103,23 @@ class Store {
     on_load_ = std::make_shared<const std::function<void(const LoadEvent&)>>(std::move(f));
   }
 
-  // Client sessions: an index into the lease table. ResourceExhausted when all are taken.
-  StatusOr<uint32_t> open_session();
-  // Drops every lease the session holds (its client is gone); returns how many.
-  uint64_t close_session(uint32_t session);
+  // Client sessions: a row of the lease table. ResourceExhausted when all are taken.
+  StatusOr<SessionRow> open_session();
+  // Drops every lease the session holds (its client is gone); returns how many. Nothing for a
+  // session already closed.
+  uint64_t close_session(SessionRow session);
 
   // A lease for `session` on (layer, expert), loading it on a miss (blocks until ready or
-  // failed). OutOfRange for an expert that does not exist.
-  StatusOr<Lease> acquire(uint32_t session, uint32_t layer, uint32_t expert);
+  // failed). OutOfRange for an expert that does not exist; Unavailable once the session has
+  // closed (also while this call waited for the load).
+  StatusOr<Lease> acquire(SessionRow session, uint32_t layer, uint32_t expert);
   // Queues a load (dropped if resident or already queued): low priority, or with `demand` at
   // demand priority (promoting a queued prefetch of the same expert). Returns whether a
   // load was queued or promoted.
   bool prefetch(uint32_t layer, uint32_t expert, bool demand = false);
   Status release(const Lease& lease);
+  // Release for a client's session: Unavailable once it has closed (its leases went with it).
+  Status release(SessionRow session, uint32_t slot, uint64_t generation);
   StoreStats stats() const;
   uint64_t tick() { return table_.next_tick(); }
 
@@ -125,6 +137,7 @@ class Store {
   Status copy_from_tier(const ExpertSlices& sl, const HostTier::Handle& cached, uint64_t base, LoadEvent& ev);
   Status read_from_disk(const Load& job, const ExpertSlices& sl, uint64_t base, LoadEvent& ev);
   StatusOr<uint32_t> wait_for_victim(bool* evicted);
+  bool is_open(SessionRow s) const;  // under mu_
 
   std::unique_ptr<gguf::Model> model_;
   config::ModelConfig cfg_;
@@ -144,6 +157,8 @@ class Store {
   std::map<uint64_t, std::shared_ptr<Load>> inflight_;  // layer * n_experts + expert
   std::deque<uint32_t> free_sessions_;                   // least recently freed first
   std::array<bool, kSessions> open_{};                   // rows held by a session (kLocalSession always)
+  std::array<uint64_t, kSessions> epoch_{};              // the opening of each row (kLocalSession: 0)
+  uint64_t opened_ = 0;                                  // openings so far
   std::vector<std::thread> readers_;
   bool stop_ = false;
   StoreStats stats_;

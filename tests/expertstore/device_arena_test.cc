@@ -50,7 +50,7 @@ TEST_P(DeviceArena, StoreLoadsFileBytesIntoDeviceSlots) {
   auto file = gguf::Model::open(golden_model());
   ASSERT_TRUE(file.ok());
   for (auto [l, e] : {std::pair{0u, 1u}, {5u, 3u}, {2u, 0u}}) {
-    auto lease = (*store)->acquire(expertstore::Store::kLocalSession, l, e);
+    auto lease = (*store)->acquire(expertstore::Store::kLocal, l, e);
     ASSERT_TRUE(lease.ok()) << lease.status();
     const uint8_t* slot = (*store)->arena().device_data() + uint64_t{lease->slot} * (*store)->slices().slot_bytes();
     expect_slot_equals_file((*store)->slices(), **file, slot, l, e);

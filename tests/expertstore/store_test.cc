@@ -30,7 +30,7 @@ TEST(Store, SlotsHoldTheFileBytes) {
   Store& s = **store;
   auto file = gguf::Model::open(golden_model());
   ASSERT_TRUE(file.ok());
-  auto lease = s.acquire(Store::kLocalSession, 4, 1);
+  auto lease = s.acquire(Store::kLocal, 4, 1);
   ASSERT_TRUE(lease.ok()) << lease.status();
   const ExpertSlices sl = *s.slices().at(4, 1);
   const uint8_t* slot = s.arena().host_data() + uint64_t{lease->slot} * s.slices().slot_bytes();
@@ -41,7 +41,7 @@ TEST(Store, SlotsHoldTheFileBytes) {
   }
   ASSERT_TRUE(s.release(*lease).ok());
   EXPECT_EQ(s.release(*lease).code(), absl::StatusCode::kFailedPrecondition);  // not held twice
-  auto again = s.acquire(Store::kLocalSession, 4, 1);  // now a hit
+  auto again = s.acquire(Store::kLocal, 4, 1);  // now a hit
   ASSERT_TRUE(again.ok());
   ASSERT_TRUE(s.release(*again).ok());
   const StoreStats st = s.stats();
@@ -49,8 +49,8 @@ TEST(Store, SlotsHoldTheFileBytes) {
   EXPECT_EQ(st.hits, 1u);
   EXPECT_EQ(st.misses, 1u);
   EXPECT_EQ(st.leased, 0u);
-  EXPECT_EQ(s.acquire(Store::kLocalSession, 6, 0).status().code(), absl::StatusCode::kOutOfRange);
-  EXPECT_EQ(s.acquire(Store::kLocalSession, 0, 4).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(s.acquire(Store::kLocal, 6, 0).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(s.acquire(Store::kLocal, 0, 4).status().code(), absl::StatusCode::kOutOfRange);
   s.prefetch(5, 2);
   for (int i = 0; i < 200 && !s.table().resident_slot(5, 2); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   EXPECT_NE(s.table().resident_slot(5, 2), 0u);
@@ -65,12 +65,12 @@ TEST(Store, ClosingASessionDropsItsLeases) {
   Store& s = **store;
   auto a = s.open_session(), b = s.open_session();
   ASSERT_TRUE(a.ok() && b.ok());
-  EXPECT_NE(*a, *b);
+  EXPECT_NE(a->row, b->row);
   ASSERT_TRUE(s.acquire(*a, 0, 0).ok());
   ASSERT_TRUE(s.acquire(*a, 0, 1).ok());
   ASSERT_TRUE(s.acquire(*a, 0, 1).ok());
   ASSERT_TRUE(s.acquire(*b, 0, 1).ok());
-  EXPECT_EQ(s.table().session_leases(*a), 3u);
+  EXPECT_EQ(s.table().session_leases(a->row), 3u);
   EXPECT_EQ(s.stats().leased, 2u);
   EXPECT_EQ(s.stats().sessions, 2u);
   EXPECT_EQ(s.close_session(*a), 3u);
@@ -83,7 +83,7 @@ TEST(Store, ClosingASessionDropsItsLeases) {
   EXPECT_NE(late.status().message().find("closed"), std::string::npos) << late.status();
   EXPECT_EQ(s.stats().leased, 0u);
   // Every session can be opened; one more is refused with a clear error.
-  std::vector<uint32_t> all;
+  std::vector<SessionRow> all;
   for (;;) {
     auto x = s.open_session();
     if (!x.ok()) {
@@ -93,6 +93,23 @@ TEST(Store, ClosingASessionDropsItsLeases) {
     all.push_back(*x);
   }
   EXPECT_EQ(all.size(), kSessions - 1);
+  // A row closed and opened again belongs to its new session only: calls made with the old
+  // session (a late Acquire or Release of a dead client) neither lease, release nor close it.
+  const SessionRow old = all.front();
+  EXPECT_EQ(s.close_session(old), 0u);
+  auto again = s.open_session();
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_EQ(again->row, old.row);
+  EXPECT_NE(again->epoch, old.epoch);
+  auto mine = s.acquire(*again, 0, 2);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(s.acquire(old, 0, 2).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.release(old, mine->slot, mine->generation).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.close_session(old), 0u);
+  EXPECT_EQ(s.table().session_leases(again->row), 1u);
+  EXPECT_EQ(s.stats().sessions, kSessions - 1);
+  EXPECT_TRUE(s.release(*again, mine->slot, mine->generation).ok());
+  EXPECT_EQ(s.close_session(*again), 0u);
   EXPECT_TRUE(s.table().verify_integrity().ok());
 }
 
@@ -109,7 +126,7 @@ TEST(Store, ReadFailuresFailTheLoadNotTheStore) {
   for (bool direct : {false, true}) {
     auto store = Store::open(copy, StoreOptions{.budget_bytes = 64 << 20, .reader_threads = 1, .direct_io = direct});
     ASSERT_TRUE(store.ok()) << store.status();
-    auto lease = (*store)->acquire(Store::kLocalSession, 1, 2);
+    auto lease = (*store)->acquire(Store::kLocal, 1, 2);
     ASSERT_TRUE(lease.ok()) << lease.status();
     const ExpertSlices sl = *(*store)->slices().at(1, 2);
     const uint8_t* slot = (*store)->arena().host_data() + uint64_t{lease->slot} * (*store)->slices().slot_bytes();
@@ -121,10 +138,10 @@ TEST(Store, ReadFailuresFailTheLoadNotTheStore) {
   ASSERT_TRUE(store.ok());
   const ExpertSlices last = *(*store)->slices().at(5, 3);
   ASSERT_EQ(0, ::truncate(copy.c_str(), static_cast<off_t>(last.gate.file_offset)));
-  auto bad = (*store)->acquire(Store::kLocalSession, 5, 3);
+  auto bad = (*store)->acquire(Store::kLocal, 5, 3);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("m.gguf"), std::string::npos) << bad.status();
-  EXPECT_TRUE((*store)->acquire(Store::kLocalSession, 0, 0).ok());  // still serving
+  EXPECT_TRUE((*store)->acquire(Store::kLocal, 0, 0).ok());  // still serving
   EXPECT_EQ((*store)->stats().load_failures, 1u);
 }
 
@@ -150,7 +167,7 @@ TEST(Store, DemandMissesGoBeforePrefetches) {
     cv.wait(l, [&] { return !order.empty(); });  // the reader is now held inside load 1
   }
   for (uint32_t id = 1; id <= 22; ++id) (*store)->prefetch(id / 4, id % 4);
-  std::thread demand([&] { EXPECT_TRUE((*store)->acquire(Store::kLocalSession, 5, 3).ok()); });
+  std::thread demand([&] { EXPECT_TRUE((*store)->acquire(Store::kLocal, 5, 3).ok()); });
   while ((*store)->stats().queued_demand == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ((*store)->stats().queued_prefetch, 22u);
   {
@@ -262,7 +279,7 @@ TEST(Store, HostTierServesReloadsWithoutDiskReads) {
   for (int pass = 0; pass < 3; ++pass) {
     for (uint32_t l = 0; l < 6; ++l) {
       for (uint32_t e = 0; e < 4; ++e) {
-        auto lease = s.acquire(Store::kLocalSession, l, e);
+        auto lease = s.acquire(Store::kLocal, l, e);
         ASSERT_TRUE(lease.ok()) << lease.status();
         const ExpertSlices sl = *s.slices().at(l, e);
         const uint8_t* data = s.arena().host_data() + uint64_t{lease->slot} * slot;
@@ -298,7 +315,7 @@ TEST(Store, LoadsAwaitingTheirLeaseAreNotEvictedFirst) {
   ASSERT_TRUE(s.table().header().n_slots == 4);
   auto use = [&](uint32_t l, uint32_t e, int n) {
     for (int i = 0; i < n; ++i) {
-      auto lease = s.acquire(Store::kLocalSession, l, e);
+      auto lease = s.acquire(Store::kLocal, l, e);
       ASSERT_TRUE(lease.ok()) << lease.status();
       ASSERT_TRUE(s.release(*lease).ok());
     }
