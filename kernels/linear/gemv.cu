@@ -454,9 +454,11 @@ Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams*
     case GgmlType::kQ2_K: return launch_rows<GemvK, GgmlType::kQ2_K>(p[0].rows, p[0].cols, n, st, b);
     case GgmlType::kQ3_K: return launch_rows<GemvK, GgmlType::kQ3_K>(p[0].rows, p[0].cols, n, st, b);
     case GgmlType::kQ4_K:
-      if (gemv_mma_applies(p, n)) return launch_q4k_mma(ctx, p, n);
+      if (gemv_mma_applies(p, n)) return launch_dense_mma(ctx, type, p, n);
       return launch_rows<GemvK, GgmlType::kQ4_K>(p[0].rows, p[0].cols, n, st, b);
-    case GgmlType::kQ6_K: return launch_rows<GemvK, GgmlType::kQ6_K>(p[0].rows, p[0].cols, n, st, b);
+    case GgmlType::kQ6_K:
+      if (gemv_mma_applies(p, n)) return launch_dense_mma(ctx, type, p, n);
+      return launch_rows<GemvK, GgmlType::kQ6_K>(p[0].rows, p[0].cols, n, st, b);
     default: return absl::InternalError("launch_decode_gemv: unsupported type");
   }
 }
@@ -488,10 +490,11 @@ Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, O
   if (n <= 0) return absl::OkStatus();
   if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("linear_batch_mma_cuda needs a CUDA context");
   LinearParams p[kMaxGemvBatch];
-  if (jobs[0].w.type != GgmlType::kQ4_K || gemv_params(jobs, n, round, p) != n) {
-    return absl::UnimplementedError("linear_batch_mma_cuda: Q4_K decode products of one shape only");
+  const GgmlType type = jobs[0].w.type;
+  if ((type != GgmlType::kQ4_K && type != GgmlType::kQ6_K) || gemv_params(jobs, n, round, p) != n) {
+    return absl::UnimplementedError("linear_batch_mma_cuda: Q4_K or Q6_K decode products of one shape only");
   }
-  return launch_q4k_mma(ctx, p, n);
+  return launch_dense_mma(ctx, type, p, n);
 }
 
 namespace {

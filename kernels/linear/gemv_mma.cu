@@ -5,8 +5,8 @@
 // every step exact in fp32, |e| <= max|x| 2^-27 (zero for |x| >= max|x| / 8), held in its shared
 // memory (inputs of up to kMaxMmaBlocks blocks). The weight codes are exact small integers, so
 // `mma.m16n8k32.s8` multiplies 16 rows by the four digits (the B operand's columns 0..3) and
-// sums in int32 without rounding; the sub-block scales are applied in int32 too (Q4_K after
-// each sub-block's mma, Q2_K / Q3_K folded into the codes), and the mins (Q3_K: its scales'
+// sums in int32 without rounding; the sub-block scales are applied in int32 too (Q4_K and Q6_K
+// after each sub-block's mma, Q2_K / Q3_K folded into the codes), and the mins (Q3_K: its scales'
 // offset) take one more mma a block, on the B columns 4..7 the digits leave empty
 // (mins_table). Per block and row only the integer sums' conversion and the d / dmin products
 // round (fp32), so a product is as close to the
@@ -75,7 +75,7 @@ __device__ __forceinline__ void mins_table(const XDigits& d, int64_t n_blocks) {
 
 // Splits x ([n_blocks][256], 16-byte aligned) into the CTA's shared memory, one warp per block
 // (lane l: columns 8l .. 8l + 7), and returns where it lies once every warp has written it
-// (and the mins' operand of kSub-column sub-blocks, mins_table).
+// (and the mins' operand of kSub-column sub-blocks, mins_table; none for kSub 0).
 template <int kSub>
 __device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -87,7 +87,7 @@ __device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
     if (lane == 0) d.scale[blk] = S;
   }
   __syncthreads();
-  mins_table<kSub>(d, n_blocks);
+  if constexpr (kSub != 0) mins_table<kSub>(d, n_blocks);
   return d;
 }
 
@@ -159,7 +159,7 @@ __device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& 
 // i = 8t .. 8t + 7 (one 8-byte load per row and c) as A's k = 4t.. and 16 + 4t.., and the
 // same columns' digit g as B. The 6-bit scales are applied to each sub-block's int32 result.
 struct Q4KBlock {
-  static constexpr int kBytes = 144;
+  static constexpr int kBytes = 144, kSub = 32;
   using Header = Q4KHeader;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
@@ -200,7 +200,7 @@ struct Q4KBlock {
 // so its 4-bit scale is folded into A (a packed multiply: code x scale <= 45, no byte carries)
 // and one int32 result gathers the whole block.
 struct Q2KBlock {
-  static constexpr int kBytes = 84;
+  static constexpr int kBytes = 84, kSub = 16;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
     const Q2KRows rows(ba, bb, ln.t);
@@ -235,7 +235,7 @@ struct Q2KBlock {
 // fit int8, so u = 8 uh + ul is folded in two parts (uh c, ul c <= 49) and c alone gives the
 // -32: three int32 results per block; the -4 comes from the digits' 16-column sums.
 struct Q3KBlock {
-  static constexpr int kBytes = 110;
+  static constexpr int kBytes = 110, kSub = 16;
   using Row = Q3KRow;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
@@ -269,6 +269,67 @@ struct Q3KBlock {
   }
 };
 
+// Q6_K (210-byte blocks, 2-byte aligned: ql[128], qh[64], 16 signed 8-bit scales, d). Column
+// 128n + 32j + l has code q = (nibble j / 2 of ql[64n + 32 (j % 2) + l]) | (bits 2j, 2j + 1 of
+// qh[32n + l]) << 4 in sub-block s = 8n + 2j + l / 16, value d sc_s (q - 32). A scale times a
+// code does not fit int8, so each sub-block takes its own mma.m16n8k16 on q - 32 as is (lane t:
+// l = 16h + 4t .. 4t + 3 as k = 4t..) and its int32 result is scaled in int32 (|sum| < 2^27).
+// No mins: the -32 is in the codes.
+struct Q6KBlock {
+  static constexpr int kBytes = 210, kSub = 0;
+  // The little-endian word at p (2-byte aligned). A block's words share its alignment, so with
+  // rows of an even number of blocks (the released model's) every lane takes the same branch.
+  __device__ __forceinline__ static uint32_t word(const uint8_t* p) {
+    if ((reinterpret_cast<uintptr_t>(p) & 2) == 0) return *reinterpret_cast<const uint32_t*>(p);
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+    return h[0] | (static_cast<uint32_t>(h[1]) << 16);
+  }
+  // Lane t's words of half h of 128-column half n: ql for j = 0, 2 and j = 1, 3, qh.
+  struct Words {
+    __device__ __forceinline__ Words(const uint8_t* blk, int n, int h, int t) {
+      const int l = 16 * h + 4 * t;
+      ql0 = word(blk + 64 * n + l), ql1 = word(blk + 64 * n + 32 + l), qh = word(blk + 128 + 32 * n + l);
+    }
+    // The A operand of sub-block 8n + 2j + h: the codes minus 32, bytewise.
+    __device__ __forceinline__ uint32_t codes(int j) const {
+      const uint32_t lo = ((j & 1 ? ql1 : ql0) >> (4 * (j >> 1))) & 0x0f0f0f0fu;
+      return __vsub4(lo | (((qh >> (2 * j)) & 0x03030303u) << 4), 0x20202020u);
+    }
+    uint32_t ql0, ql1, qh;
+  };
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    uint32_t sa[4], sb[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) sa[k] = word(ba + 192 + 4 * k), sb[k] = word(bb + 192 + 4 * k);
+    const auto scale = [](const uint32_t(&w)[4], int s) { return static_cast<int>(static_cast<int8_t>(byte_of(w[s / 4], s % 4))); };
+    int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const Words wa(ba, n, h, ln.t), wb(bb, n, h, ln.t);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int s = 8 * n + 2 * j + h;
+          const uint32_t xv =
+              ln.g < kDigits ? *reinterpret_cast<const uint32_t*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 16 * h + 4 * ln.t)
+                             : 0u;
+          int d[4] = {0, 0, 0, 0};
+          mma_s8_k16(d, wa.codes(j), wb.codes(j), xv);
+          const int ca = scale(sa, s), cb = scale(sb, s);
+          va0 += ca * d[0], va1 += ca * d[1], vb0 += cb * d[2], vb1 += cb * d[3];
+        }
+      }
+    }
+    const float S = x.scale[xblk];
+    const float da = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(ba + 208)));
+    const float db = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(bb + 208)));
+    *acc_a += S * da * ln.digits(va0, va1);
+    *acc_b += S * db * ln.digits(vb0, vb1);
+  }
+};
+
 template <int kSlices>
 __host__ __device__ constexpr int cta_warps() {
   return kSlices > kWarps ? kSlices : kWarps;
@@ -281,12 +342,12 @@ struct MmaBatch {
   int tiles_per_cta;
 };
 
-template <int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) q4k_mma_kernel(const __grid_constant__ MmaBatch b) {
+template <class Block, int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(const __grid_constant__ MmaBatch b) {
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
-  const XDigits x = split_x<32>(p.x, b.n_blocks);
-  mma_tiles<Q4KBlock, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
+  const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
+  mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
@@ -314,7 +375,7 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  const XDigits x = split_x<16>(p.x, b.n_blocks);
+  const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
@@ -387,9 +448,12 @@ Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const 
   }
 }
 
-template <int kSlices>
-struct Q4KMma {
-  static constexpr auto fn = q4k_mma_kernel<kSlices>;
+template <class Block>
+struct DenseMma {
+  template <int kSlices>
+  struct K {
+    static constexpr auto fn = dense_mma_kernel<Block, kSlices>;
+  };
 };
 template <int kSlices>
 struct Q2KExpertsMma {
@@ -427,7 +491,7 @@ Status check_blocks(int64_t n_blocks) {
 
 bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows, p[0].cols, n); }
 
-Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
+Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
@@ -443,7 +507,9 @@ Status launch_q4k_mma(const ExecCtx& ctx, const LinearParams* p, int n) {
     while (m < 16 && 2 * m <= v) m *= 2;
     return m;
   }();
-  return launch_mma<Q4KMma>(p[0].rows, b.n_blocks, n, static_cast<cudaStream_t>(ctx.cuda_stream), b, max_slices);
+  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  if (type == quant::GgmlType::kQ6_K) return launch_mma<DenseMma<Q6KBlock>::K>(p[0].rows, b.n_blocks, n, st, b);
+  return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
 }
 
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {

@@ -53,11 +53,11 @@ Status linear_experts_q8_cuda(const ExecCtx& ctx, const Weight& w, int64_t exper
                               OutRound round = OutRound::kBf16);
 bool linear_experts_q8_supported(const Weight& w, int64_t expert_bytes);
 
-// The large Q4_K decode GEMVs and Q2_K / Q3_K expert GEMVs run on the integer tensor cores (x
+// The large Q4_K / Q6_K decode GEMVs and Q2_K / Q3_K expert GEMVs run on the integer tensor cores (x
 // as four exact radix-128 digits, fp32 accuracy; linear/gemv_mma.cu); for measurement,
 // DSF_GEMV_MMA=0 keeps the fp32 kernels and DSF_GEMV_MMA=2 takes the tensor cores at every size.
 // As linear_batch_cuda on the integer tensor cores whatever the size (linear_batch_cuda takes
-// them for large products only): Q4_K, one token, aligned; else Unimplemented.
+// them for large products only): Q4_K or Q6_K, one token, aligned; else Unimplemented.
 Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round = OutRound::kBf16);
 
 // As linear_experts_cuda on the integer tensor cores whatever the size (linear_experts_cuda

@@ -247,7 +247,7 @@ TEST_P(LinearCuda, ExpertsOnEightBitActivationsStayNearTheCpu) {
   }
 }
 
-// The decode GEMVs on the integer tensor cores (gemv_mma.cu) split x into exact radix-128
+// The Q4_K and Q6_K decode GEMVs on the integer tensor cores (gemv_mma.cu) split x into exact radix-128
 // digits, so they keep fp32 accuracy where 8-bit x would not (NMSE ~1e-5; here ~2e-13, up to
 // 3e-10 on a lone row whose sum cancels): x spanning six
 // decades, three products in one launch (two sharing an x), row counts that end mid-group,
@@ -256,7 +256,7 @@ TEST_P(LinearCuda, ExpertsOnEightBitActivationsStayNearTheCpu) {
 // every row, as on the CPU.
 TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
   const GgmlType type = GetParam();
-  if (type != GgmlType::kQ4_K) GTEST_SKIP() << "Q4_K only";
+  if (type != GgmlType::kQ4_K && type != GgmlType::kQ6_K) GTEST_SKIP() << "Q4_K and Q6_K only";
   for (const int64_t K : {256, 1280, 5120, 8192}) {
     for (const int64_t N : {1, 17, 1031}) {
       std::mt19937 rng(101 + static_cast<int>(K + N));
@@ -401,7 +401,7 @@ TEST_P(LinearCuda, TensorCoreGemmRefusesWhatItCannotTake) {
 // refused with the reason, and the ordinary entry point takes it on the fp32 kernels.
 TEST_P(LinearCuda, TensorCoreGemvRefusesTooWideInput) {
   const GgmlType type = GetParam();
-  if (type != GgmlType::kQ4_K) GTEST_SKIP() << "Q4_K only";
+  if (type != GgmlType::kQ4_K && type != GgmlType::kQ6_K) GTEST_SKIP() << "Q4_K and Q6_K only";
   const int64_t K = 35 * 256, N = 64;
   const uint64_t rb = *quant::row_bytes(type, K);
   std::mt19937 rng(7);
