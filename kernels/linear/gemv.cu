@@ -547,7 +547,8 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
 }
 
 bool linear_experts_glu_supported(const Weight& w, int64_t expert_bytes, int n) {
-  return linear_experts_supported(w, expert_bytes) && experts_mma_fits(w, expert_bytes, n) &&
+  static const bool fused = env_int("DSF_FUSED_SWIGLU", 1) != 0;  // measurement: 0 = the SwiGLU launch
+  return fused && linear_experts_supported(w, expert_bytes) && experts_mma_fits(w, expert_bytes, n) &&
          experts_mma_applies(w.type, w.rows, w.cols, n);
 }
 

@@ -86,7 +86,8 @@ struct ExpertGlu {
 };
 // As moe::swiglu_cuda on (gate, up) and then linear_experts_cuda on the result, bit for bit, in
 // one launch that forms x as it reads it (no SwiGLU launch, no buffer): where
-// linear_experts_glu_supported (the tensor-core expert GEMV takes w), else Unimplemented.
+// linear_experts_glu_supported (the tensor-core expert GEMV takes w; never with
+// DSF_FUSED_SWIGLU=0, for measurement), else Unimplemented.
 bool linear_experts_glu_supported(const Weight& w, int64_t expert_bytes, int n);
 Status linear_experts_glu_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
                                const float* gate, const ExpertGlu& glu, int64_t x_stride, float* y, int64_t y_stride,
