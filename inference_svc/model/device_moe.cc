@@ -332,13 +332,8 @@ Status DeviceModel::decode_experts(int l, Call& call, const float* x, const Expe
   } else {
     RETURN_IF_ERROR(kernels::linear_experts_gate_up_cuda(ctx, t.base.gate, t.gate_stride, t.base.up, t.up_stride, t.ids, n,
                                                          x, a.get(), b.get(), F));
-    if (kernels::linear_experts_glu_supported(t.base.down, t.down_stride, n)) {  // the SwiGLU formed as down reads it
-      const kernels::ExpertGlu glu{b.get(), weights, L.swiglu_limit_exp};
-      RETURN_IF_ERROR(kernels::linear_experts_glu_cuda(ctx, t.base.down, t.down_stride, t.ids, n, a.get(), glu, F, ye.get(), D));
-    } else {
-      RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
-      RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.down, t.down_stride, t.ids, n, a.get(), F, ye.get(), D));
-    }
+    RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
+    RETURN_IF_ERROR(kernels::linear_experts_cuda(ctx, t.base.down, t.down_stride, t.ids, n, a.get(), F, ye.get(), D));
   }
   DevBuf<float> own;
   if (shared == nullptr) {

@@ -546,28 +546,6 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
   return experts_gemv(ctx, w, expert_bytes, ids, n, x, x_stride, y, y_stride, round, 2);
 }
 
-bool linear_experts_glu_supported(const Weight& w, int64_t expert_bytes, int n) {
-  static const bool fused = env_int("DSF_FUSED_SWIGLU", 1) != 0;  // measurement: 0 = the SwiGLU launch
-  return fused && linear_experts_supported(w, expert_bytes) && experts_mma_fits(w, expert_bytes, n) &&
-         experts_mma_applies(w.type, w.rows, w.cols, n);
-}
-
-Status linear_experts_glu_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
-                               const float* gate, const ExpertGlu& glu, int64_t x_stride, float* y, int64_t y_stride,
-                               OutRound round) {
-  if (n <= 0) return absl::OkStatus();
-  if (!linear_experts_glu_supported(w, expert_bytes, n)) {
-    return absl::UnimplementedError(
-        absl::StrCat("linear_experts_glu_cuda: no tensor-core expert GEMV for ", quant::traits(w.type).name, " here"));
-  }
-  const auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (glu.up == nullptr || !aligned(gate) || !aligned(glu.up) || x_stride % 4 != 0) {
-    return absl::InvalidArgumentError("linear_experts_glu_cuda: gate and up must be 16-byte aligned device arrays");
-  }
-  return launch_experts_mma(ctx, w.type, params_of(w, gate, y, 1, round), ids, expert_bytes, n, x_stride, y_stride,
-                            nullptr, nullptr, 0, glu);
-}
-
 Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
                                    int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
                                    int64_t y_stride, OutRound round) {

@@ -23,7 +23,6 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_util.cuh"
-#include "kernels/cuda/math.cuh"
 #include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
@@ -74,32 +73,17 @@ __device__ __forceinline__ void mins_table(const XDigits& d, int64_t n_blocks) {
   __syncthreads();
 }
 
-// x formed from two inputs as it is read: x = swiglu(gate, up) (cuda::swiglu_value), gate the
-// product's x, up beside it; none where up is null.
-struct GluX {
-  const float* up = nullptr;
-  float limit = 0.0f, weight = 1.0f;
-};
-
 // Splits x ([n_blocks][256], 16-byte aligned) into the CTA's shared memory, one warp per block
 // (lane l: columns 8l .. 8l + 7), and returns where it lies once every warp has written it
 // (and the mins' operand of kSub-column sub-blocks, mins_table; none for kSub 0).
 template <int kSub>
-__device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks, const GluX& glu = {}) {
+__device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
   extern __shared__ __align__(16) uint8_t smem[];
   const XDigits d{reinterpret_cast<int8_t*>(smem), reinterpret_cast<int32_t*>(smem + n_blocks * kDigits * kQRow),
                   reinterpret_cast<float*>(smem + n_blocks * kDigits * (kQRow + 16 * 4))};
   const int lane = threadIdx.x & 31;
   for (int64_t blk = threadIdx.x >> 5; blk < n_blocks; blk += blockDim.x >> 5) {
-    float v[8];
-    load8(x + blk * 256, lane, v);
-    if (glu.up != nullptr) {
-      float u[8];
-      load8(glu.up + blk * 256, lane, u);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = cuda::swiglu_value(v[i], u[i], glu.limit, glu.weight);
-    }
-    const float S = split_values(v, lane, d.q + blk * kDigits * kQRow, kQRow, d.dsum16 + blk * kDigits * 16);
+    const float S = split_block(x + blk * 256, lane, d.q + blk * kDigits * kQRow, kQRow, d.dsum16 + blk * kDigits * 16);
     if (lane == 0) d.scale[blk] = S;
   }
   __syncthreads();
@@ -378,7 +362,6 @@ struct ExpertMma {
   const uint8_t* w2;  // the second weight's expert 0, or null
   float* y2;
   int64_t expert_bytes2;
-  ExpertGlu glu;  // x = swiglu(x, glu.up) where glu.up is set (no w2)
   int tiles_per_cta;
 };
 
@@ -392,10 +375,7 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  const GluX glu = b.glu.up == nullptr ? GluX{}
-                                       : GluX{b.glu.up + k * b.x_stride, b.glu.limit,
-                                              b.glu.weights != nullptr ? b.glu.weights[k] : 1.0f};
-  const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks, glu);
+  const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
@@ -494,8 +474,9 @@ int mma_mode() {
 // Whether n products of rows x cols take the tensor cores: x's digits fit a CTA's shared
 // memory (and in mode 1, the launch is large). The threshold of mode 1 was the default while
 // the fp32 kernels were faster on the small products (H200: q_a 5120 -> 1280, kv 5120 -> 512,
-// the shared expert's 2304 -> 5120); at 9a2c817 every size on the tensor cores gives the
-// shorter graph step (7.03 against 7.14-7.15 ms, perf preset pooled).
+// the shared expert's 2304 -> 5120); every size on the tensor cores now gives the shorter
+// graph step (perf preset pooled: 7.03 against 7.14-7.15 ms at 9a2c817; 7.24-7.27 against
+// 7.31-7.32 at 54dc8f7, on another machine).
 bool mma_pays(int64_t rows, int64_t cols, int n) {
   if (cols / 256 > kMaxMmaBlocks || mma_mode() == 0) return false;
   return mma_mode() == 2 || (rows + 15) / 16 * (cols / 256) * n >= 4096;
@@ -538,12 +519,11 @@ bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n
 
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2, float* y2,
-                          int64_t expert_bytes2, const ExpertGlu& glu) {
+                          int64_t expert_bytes2) {
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  if (w2 != nullptr && glu.up != nullptr) return absl::InvalidArgumentError("launch_experts_mma: SwiGLU on two weights");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, glu, 1};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);

@@ -76,23 +76,6 @@ Status linear_gemm_mma_cuda(const ExecCtx& ctx, const Weight& w, const float* x,
 // Gate and up of n routed experts on one x (a decode token): y_gate + k y_stride = G_{ids[k]} x
 // and y_up + k y_stride = U_{ids[k]} x, as linear_experts_cuda twice; one launch (and one digit
 // split of x) where the tensor-core GEMV takes them.
-// The SwiGLU before an expert's down (kernels::moe::swiglu): product k's input is
-// swiglu(gate + k x_stride, up + k x_stride), the gate clamped above and the up to
-// [-limit, limit] where limit > 0, scaled by weights[k] (null: 1), rounded to bf16.
-struct ExpertGlu {
-  const float* up = nullptr;
-  const float* weights = nullptr;
-  float limit = 0.0f;
-};
-// As moe::swiglu_cuda on (gate, up) and then linear_experts_cuda on the result, bit for bit, in
-// one launch that forms x as it reads it (no SwiGLU launch, no buffer): where
-// linear_experts_glu_supported (the tensor-core expert GEMV takes w; never with
-// DSF_FUSED_SWIGLU=0, for measurement), else Unimplemented.
-bool linear_experts_glu_supported(const Weight& w, int64_t expert_bytes, int n);
-Status linear_experts_glu_cuda(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, const int32_t* ids, int n,
-                               const float* gate, const ExpertGlu& glu, int64_t x_stride, float* y, int64_t y_stride,
-                               OutRound round = OutRound::kBf16);
-
 Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
                                    int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
                                    int64_t y_stride, OutRound round = OutRound::kBf16);

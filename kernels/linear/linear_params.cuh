@@ -8,7 +8,6 @@
 #include "common/status.h"
 #include "kernels/exec.h"
 #include "kernels/linear/linear.h"
-#include "kernels/linear/linear_cuda.h"
 
 namespace dsflash::kernels {
 
@@ -46,10 +45,9 @@ bool gemv_mma_applies(const LinearParams* p, int n);
 // The routed experts' Q2_K / Q3_K GEMV on the integer tensor cores (linear_experts_cuda's
 // arguments; p: expert 0's rows, product 0's x and y), where experts_mma_applies; with w2
 // (x_stride 0), a second weight of p's shape over the same ids and x into y2, in one launch.
-// With glu.up set (no w2), product k's x is swiglu(p.x + k x_stride, glu.up + k x_stride).
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2 = nullptr,
-                          float* y2 = nullptr, int64_t expert_bytes2 = 0, const ExpertGlu& glu = {});
+                          float* y2 = nullptr, int64_t expert_bytes2 = 0);
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n);
 
 // Prefill GEMMs of Q4_K, Q2_K and Q3_K on the integer tensor cores at fp32 accuracy

@@ -49,11 +49,14 @@ __device__ __forceinline__ uint32_t word_at(const uint32_t (&w)[4], int t) {
   return t == 0 ? w[0] : t == 1 ? w[1] : t == 2 ? w[2] : w[3];
 }
 
-// Splits one block of x (256 values) on a whole warp, lane l holding v = columns 8l .. 8l + 7:
-// digit j's 256 bytes at q + j pitch, their sums over each 16 columns at sums[16 j + c], and
-// returns the block's scale S on every lane (NaN where the block holds a NaN or infinity, so
-// every product with it is NaN). split_block loads v from x (16-byte aligned).
-__device__ __forceinline__ float split_values(const float (&v)[8], int lane, int8_t* q, int pitch, int32_t* sums) {
+// Splits one block of x (256 values, 16-byte aligned) on a whole warp (lane l: columns 8l ..
+// 8l + 7): digit j's 256 bytes at q + j pitch, their sums over each 16 columns at sums[16 j + c],
+// and returns the block's scale S on every lane (NaN where the block holds a NaN or infinity,
+// so every product with it is NaN).
+__device__ __forceinline__ float split_block(const float* x, int lane, int8_t* q, int pitch, int32_t* sums) {
+  const float4* x4 = reinterpret_cast<const float4*>(x + 8 * lane);
+  const float4 u = x4[0], w = x4[1];
+  const float v[8] = {u.x, u.y, u.z, u.w, w.x, w.y, w.z, w.w};
   // max |v| by the magnitudes' bits (ordered as the floats; a NaN or infinity is >= 0x7f800000).
   unsigned mbits = 0;
 #pragma unroll
@@ -75,19 +78,6 @@ __device__ __forceinline__ float split_values(const float (&v)[8], int lane, int
     if ((lane & 1) == 0) sums[16 * j + lane / 2] = s;
   }
   return finite ? ldexpf(1.0f, e - 5) : __int_as_float(0x7fc00000);
-}
-
-// The lane's 8 values of a block (columns 8 lane .. 8 lane + 7; 16-byte aligned).
-__device__ __forceinline__ void load8(const float* x, int lane, float (&v)[8]) {
-  const float4* x4 = reinterpret_cast<const float4*>(x + 8 * lane);
-  const float4 a = x4[0], b = x4[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
-__device__ __forceinline__ float split_block(const float* x, int lane, int8_t* q, int pitch, int32_t* sums) {
-  float v[8];
-  load8(x, lane, v);
-  return split_values(v, lane, q, pitch, sums);
 }
 
 // Word (g, t) of a block's mins operand, from digit g % 4's 16-column sums (sums16). kSub: the

@@ -13,7 +13,6 @@
 #include "tests/kernels/cuda_test_util.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_cuda.h"
-#include "kernels/moe/moe_cuda.h"
 
 namespace dsflash::kernels {
 namespace {
@@ -538,65 +537,6 @@ TEST_P(LinearCuda, ExpertGateAndUpMatchCpu) {
   }
   cudaStreamDestroy(s);
   for (void* p : std::initializer_list<void*>{dg, du, dx, di, dyg, dyu}) cudaFree(p);
-}
-
-// The routed experts' down with the SwiGLU formed as the GEMV reads its input
-// (linear_experts_glu_cuda) against the two launches it replaces (moe::swiglu_cuda, then
-// linear_experts_mma_cuda): the same floats bit for bit, with and without a limit (gate and up
-// spread past it, so both clamps act) and route weights; the released down (2304 -> 5120, six
-// experts) and a small one. Where it does not apply (Q4_K experts) it says so.
-TEST_P(LinearCuda, ExpertDownWithSwigluEqualsTheTwoLaunches) {
-  const GgmlType type = GetParam();
-  if (type != GgmlType::kQ2_K && type != GgmlType::kQ3_K && type != GgmlType::kQ4_K) GTEST_SKIP() << "Q2_K, Q3_K, Q4_K";
-  for (const auto& [K, N] : {std::pair<int64_t, int64_t>{2304, 5120}, {512, 17}}) {
-    for (const float limit : {0.0f, 7.0f}) {
-      const int64_t E = 8;
-      const int n = 6;
-      const uint64_t rb = *quant::row_bytes(type, K);
-      std::mt19937 rng(307 + static_cast<int>(K + limit));
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::vector<float> wf(static_cast<size_t>(K * N * E)), gate(static_cast<size_t>(K * n)), up(gate.size());
-      for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
-      for (float& v : gate) v = quant::round_bf16(4.0f * nd(rng));
-      for (float& v : up) v = quant::round_bf16(4.0f * nd(rng));
-      std::vector<float> weights(n);
-      for (float& v : weights) v = std::abs(nd(rng));
-      std::vector<uint8_t> bytes(rb * N * E);
-      ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N * E).ok());
-      const std::vector<int32_t> ids = {5, 0, 7, 2, 3, 6};
-      uint8_t* dw = to_device(bytes);
-      float* dg = to_device(gate);
-      float* du = to_device(up);
-      float* dwt = to_device(weights);
-      int32_t* di = to_device(ids);
-      float* dy = to_device(std::vector<float>(N * n, std::nanf("")));
-      float* dy2 = to_device(std::vector<float>(N * n, std::nanf("")));
-      cudaStream_t s;
-      ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-      const ExecCtx ctx{Backend::kCuda, s};
-      const Weight w{type, K, N, dw, rb};
-      const int64_t stride = static_cast<int64_t>(rb * N);
-      const ExpertGlu glu{du, dwt, limit};
-      if (type == GgmlType::kQ4_K) {
-        EXPECT_FALSE(linear_experts_glu_supported(w, stride, n));
-        EXPECT_EQ(linear_experts_glu_cuda(ctx, w, stride, di, n, dg, glu, K, dy, N, OutRound::kF32).code(),
-                  absl::StatusCode::kUnimplemented);
-      } else {
-        ASSERT_TRUE(linear_experts_glu_supported(w, stride, n));
-        ASSERT_TRUE(linear_experts_glu_cuda(ctx, w, stride, di, n, dg, glu, K, dy, N, OutRound::kF32).ok());
-        ASSERT_TRUE(moe::swiglu_cuda(ctx, dg, du, n, K, limit, dwt).ok());
-        ASSERT_TRUE(linear_experts_mma_cuda(ctx, w, stride, di, n, dg, K, dy2, N, OutRound::kF32).ok());
-        std::vector<float> fused(N * n), two(N * n);
-        ASSERT_EQ(cudaMemcpyAsync(fused.data(), dy, fused.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-        ASSERT_EQ(cudaMemcpyAsync(two.data(), dy2, two.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        EXPECT_TRUE(std::all_of(fused.begin(), fused.end(), [](float v) { return std::isfinite(v); }));
-        EXPECT_EQ(std::memcmp(fused.data(), two.data(), fused.size() * 4), 0) << "K=" << K << " limit " << limit;
-      }
-      cudaStreamDestroy(s);
-      for (void* p : std::initializer_list<void*>{dw, dg, du, dwt, di, dy, dy2}) cudaFree(p);
-    }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,
