@@ -478,8 +478,10 @@ int mma_mode() {
 // graph step (perf preset pooled: 7.03 against 7.14-7.15 ms at 9a2c817; 7.24-7.27 against
 // 7.31-7.32 at 54dc8f7, on another machine).
 bool mma_pays(int64_t rows, int64_t cols, int n) {
+  // DSF_GEMV_MMA_MIN_PAIRS (measurement): mode 2's threshold, 0 by default.
+  static const int64_t min_pairs = mma_mode() == 1 ? 4096 : env_int("DSF_GEMV_MMA_MIN_PAIRS", 0);
   if (cols / 256 > kMaxMmaBlocks || mma_mode() == 0) return false;
-  return mma_mode() == 2 || (rows + 15) / 16 * (cols / 256) * n >= 4096;
+  return (rows + 15) / 16 * (cols / 256) * n >= min_pairs;
 }
 
 Status check_blocks(int64_t n_blocks) {
