@@ -10,7 +10,7 @@ rm -rf out/gpu
 bins=$(ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
 import json, sys
 for t in json.load(sys.stdin)["tests"]:
-    print(t["command"][0])')
+    print(t["command"][0])' | sort -u)
 ../shared/tools/device-bundle out/gpu $bins "$build/tests/linear_cuda_bench" \
   "$build/expertstore_svc/dsflash-expertstore" "$build/tools/dsflash" "$build/tools/expertstore_bench" "$build/tools/expert_stream_bench" "$build/tools/expert_cache_sim" "$build/tools/sampler_bench" "$build/inference_svc/dsflash-inference"
 git rev-parse --short HEAD > out/gpu/commit

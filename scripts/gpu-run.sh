@@ -16,6 +16,15 @@ for b in out/gpu/bin/${DSF_TESTS:-*}_test; do
   if "$b" > "$logs/$name.log" 2>&1; then echo "PASS $name"; else echo "FAIL $name"; rc=1; fi
   tail -3 "$logs/$name.log"
 done
+# linear_cuda_test again on the fp32 GEMV kernels (ctest's linear_cuda_test_fp32_gemv).
+if [[ -x out/gpu/bin/linear_cuda_test && ( -z ${DSF_TESTS:-} || linear_cuda == ${DSF_TESTS} ) ]]; then
+  if DSF_GEMV_MMA=0 out/gpu/bin/linear_cuda_test > "$logs/linear_cuda_test_fp32_gemv.log" 2>&1; then
+    echo "PASS linear_cuda_test (DSF_GEMV_MMA=0)"
+  else
+    echo "FAIL linear_cuda_test (DSF_GEMV_MMA=0)"; rc=1
+  fi
+  tail -3 "$logs/linear_cuda_test_fp32_gemv.log"
+fi
 [[ ${DSF_SKIP_BENCH:-0} == 1 ]] && exit $rc
 # Benchmarks (not tests): rows for bench/results.csv.
 out/gpu/bin/linear_cuda_bench "$logs/bench.csv" "$(cat out/gpu/commit)" | tee "$logs/bench.log"
