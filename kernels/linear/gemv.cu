@@ -450,15 +450,14 @@ Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams*
   Batch b{};
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  if ((type == GgmlType::kQ4_K || type == GgmlType::kQ6_K) && gemv_mma_applies(p, n)) {
+    return launch_dense_mma(ctx, type, p, n);
+  }
   switch (type) {
     case GgmlType::kQ2_K: return launch_rows<GemvK, GgmlType::kQ2_K>(p[0].rows, p[0].cols, n, st, b);
     case GgmlType::kQ3_K: return launch_rows<GemvK, GgmlType::kQ3_K>(p[0].rows, p[0].cols, n, st, b);
-    case GgmlType::kQ4_K:
-      if (gemv_mma_applies(p, n)) return launch_dense_mma(ctx, type, p, n);
-      return launch_rows<GemvK, GgmlType::kQ4_K>(p[0].rows, p[0].cols, n, st, b);
-    case GgmlType::kQ6_K:
-      if (gemv_mma_applies(p, n)) return launch_dense_mma(ctx, type, p, n);
-      return launch_rows<GemvK, GgmlType::kQ6_K>(p[0].rows, p[0].cols, n, st, b);
+    case GgmlType::kQ4_K: return launch_rows<GemvK, GgmlType::kQ4_K>(p[0].rows, p[0].cols, n, st, b);
+    case GgmlType::kQ6_K: return launch_rows<GemvK, GgmlType::kQ6_K>(p[0].rows, p[0].cols, n, st, b);
     default: return absl::InternalError("launch_decode_gemv: unsupported type");
   }
 }

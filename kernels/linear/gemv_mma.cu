@@ -277,12 +277,12 @@ struct Q3KBlock {
 // No mins: the -32 is in the codes.
 struct Q6KBlock {
   static constexpr int kBytes = 210, kSub = 0;
-  // The little-endian word at p (2-byte aligned). A block's words share its alignment, so with
-  // rows of an even number of blocks (the released model's) every lane takes the same branch.
+  // The little-endian word at p (2-byte aligned): one load where p is 4-byte aligned, else
+  // Q3KRow's two half-words. A block's words share its alignment, so with rows of an even
+  // number of blocks (the released model's) every lane takes the same branch.
   __device__ __forceinline__ static uint32_t word(const uint8_t* p) {
     if ((reinterpret_cast<uintptr_t>(p) & 2) == 0) return *reinterpret_cast<const uint32_t*>(p);
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-    return h[0] | (static_cast<uint32_t>(h[1]) << 16);
+    return Q3KRow::word(p);
   }
   // Lane t's words of half h of 128-column half n: ql for j = 0, 2 and j = 1, 3, qh.
   struct Words {

@@ -38,8 +38,8 @@ bool decode_gemv_applies(quant::GgmlType type, const LinearParams* p, int n);
 Status launch_decode_gemv(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n);
 
 // The Q4_K and Q6_K decode GEMVs on the integer tensor cores (gemv_mma.cu), for products
-// decode_gemv_applies takes; launch_decode_gemv uses them where gemv_mma_applies (large
-// products; DSF_GEMV_MMA, linear_cuda.h).
+// decode_gemv_applies takes; launch_decode_gemv uses them where gemv_mma_applies (every size
+// x's digits fit by default; DSF_GEMV_MMA, linear_cuda.h).
 Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n);
 bool gemv_mma_applies(const LinearParams* p, int n);
 // The routed experts' Q2_K / Q3_K GEMV on the integer tensor cores (linear_experts_cuda's

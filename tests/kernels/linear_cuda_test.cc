@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "gtest/gtest.h"
 #include "tests/kernels/cuda_test_util.h"
@@ -440,52 +441,51 @@ TEST_P(LinearCuda, TensorCoreExpertGemvKeepsFp32Accuracy) {
   if (type != GgmlType::kQ2_K && type != GgmlType::kQ3_K) GTEST_SKIP() << "Q2_K and Q3_K only";
   // The released shapes among them: gate/up (K = 5120, N = 2304) and down (K = 2304, N = 5120,
   // several tiles a CTA).
-  for (const int64_t K : {256, 1280, 2304, 5120}) {
-    for (const int64_t N : {int64_t{17}, int64_t{2304}, K == 2304 ? int64_t{5120} : int64_t{0}}) {
-      if (N == 0) continue;
-      for (const bool one_x : {true, false}) {
-        const int64_t E = 3;
-        const int n = 4;
-        const uint64_t rb = *quant::row_bytes(type, K);
-        std::mt19937 rng(211 + static_cast<int>(K + N) + one_x);
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        std::uniform_real_distribution<float> decade(-3.0f, 3.0f);
-        std::vector<float> wf(static_cast<size_t>(K * N * E)), x(static_cast<size_t>(K * n));
-        for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
-        for (float& v : x) v = quant::round_bf16(nd(rng) * std::pow(10.0f, decade(rng)));
-        std::vector<uint8_t> bytes(rb * N * E);
-        ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N * E).ok());
-        const std::vector<int32_t> ids = {2, 0, 2, 1};
-        uint8_t* dw = to_device(bytes);
-        float* dx = to_device(x);
-        int32_t* di = to_device(ids);
-        float* dy = to_device(std::vector<float>(N * n, std::nanf("")));
-        cudaStream_t s;
-        ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-        ASSERT_TRUE(linear_experts_mma_cuda(ExecCtx{Backend::kCuda, s}, Weight{type, K, N, dw, rb}, static_cast<int64_t>(rb * N),
-                                            di, n, dx, one_x ? 0 : K, dy, N, OutRound::kF32)
-                        .ok());
-        std::vector<float> got(N * n);
-        ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-        for (int k = 0; k < n; ++k) {
-          std::vector<float> ref(N);
-          linear(Weight{type, K, N, bytes.data() + ids[k] * rb * N, rb}, x.data() + (one_x ? 0 : k * K), 1, ref.data(),
-                 OutRound::kF32);
-          double err = 0, norm = 0;
-          for (int64_t i = 0; i < N; ++i) {
-            err += (got[k * N + i] - ref[i]) * (got[k * N + i] - ref[i]);
-            norm += static_cast<double>(ref[i]) * ref[i];
-          }
-          EXPECT_LT(err / norm, 1e-8) << "K=" << K << " N=" << N << " one_x " << one_x << " product " << k;
-          if (K == 5120 && N == 2304 && k == 0) {
-            std::printf("K=%lld N=%lld one_x %d: NMSE %.2e vs the CPU\n", static_cast<long long>(K),
-                        static_cast<long long>(N), one_x, err / norm);
-          }
+  const std::pair<int64_t, int64_t> shapes[] = {{256, 17},   {256, 2304},  {1280, 17}, {1280, 2304}, {2304, 17},
+                                                 {2304, 2304}, {2304, 5120}, {5120, 17}, {5120, 2304}};
+  for (const auto& [K, N] : shapes) {
+    for (const bool one_x : {true, false}) {
+      const int64_t E = 3;
+      const int n = 4;
+      const uint64_t rb = *quant::row_bytes(type, K);
+      std::mt19937 rng(211 + static_cast<int>(K + N) + one_x);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      std::uniform_real_distribution<float> decade(-3.0f, 3.0f);
+      std::vector<float> wf(static_cast<size_t>(K * N * E)), x(static_cast<size_t>(K * n));
+      for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+      for (float& v : x) v = quant::round_bf16(nd(rng) * std::pow(10.0f, decade(rng)));
+      std::vector<uint8_t> bytes(rb * N * E);
+      ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N * E).ok());
+      const std::vector<int32_t> ids = {2, 0, 2, 1};
+      uint8_t* dw = to_device(bytes);
+      float* dx = to_device(x);
+      int32_t* di = to_device(ids);
+      float* dy = to_device(std::vector<float>(N * n, std::nanf("")));
+      cudaStream_t s;
+      ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+      ASSERT_TRUE(linear_experts_mma_cuda(ExecCtx{Backend::kCuda, s}, Weight{type, K, N, dw, rb}, static_cast<int64_t>(rb * N),
+                                          di, n, dx, one_x ? 0 : K, dy, N, OutRound::kF32)
+                      .ok());
+      std::vector<float> got(N * n);
+      ASSERT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      for (int k = 0; k < n; ++k) {
+        std::vector<float> ref(N);
+        linear(Weight{type, K, N, bytes.data() + ids[k] * rb * N, rb}, x.data() + (one_x ? 0 : k * K), 1, ref.data(),
+               OutRound::kF32);
+        double err = 0, norm = 0;
+        for (int64_t i = 0; i < N; ++i) {
+          err += (got[k * N + i] - ref[i]) * (got[k * N + i] - ref[i]);
+          norm += static_cast<double>(ref[i]) * ref[i];
         }
-        cudaStreamDestroy(s);
-        for (void* p : std::initializer_list<void*>{dw, dx, di, dy}) cudaFree(p);
+        EXPECT_LT(err / norm, 1e-8) << "K=" << K << " N=" << N << " one_x " << one_x << " product " << k;
+        if (K == 5120 && N == 2304 && k == 0) {
+          std::printf("K=%lld N=%lld one_x %d: NMSE %.2e vs the CPU\n", static_cast<long long>(K),
+                      static_cast<long long>(N), one_x, err / norm);
+        }
       }
+      cudaStreamDestroy(s);
+      for (void* p : std::initializer_list<void*>{dw, dx, di, dy}) cudaFree(p);
     }
   }
 }
