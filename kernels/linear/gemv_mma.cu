@@ -23,10 +23,13 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_util.cuh"
+#include "kernels/cuda/reduce.cuh"
 #include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
 #include "kernels/linear/mma_common.cuh"
+#include "kernels/moe/moe_math.cuh"
+#include "kernels/norm/norm_row.cuh"
 
 namespace dsflash::kernels {
 namespace {
@@ -277,38 +280,51 @@ struct Q3KBlock {
 // No mins: the -32 is in the codes.
 struct Q6KBlock {
   static constexpr int kBytes = 210, kSub = 0;
-  // The little-endian word at p (2-byte aligned): one load where p is 4-byte aligned, else
-  // Q3KRow's two half-words. A block's words share its alignment, so with rows of an even
-  // number of blocks (the released model's) every lane takes the same branch.
+  // The little-endian word at p (2-byte aligned): one load where kAligned (p 4-byte aligned),
+  // else Q3KRow's two half-words.
+  template <bool kAligned>
   __device__ __forceinline__ static uint32_t word(const uint8_t* p) {
-    if ((reinterpret_cast<uintptr_t>(p) & 2) == 0) return *reinterpret_cast<const uint32_t*>(p);
+    if constexpr (kAligned) return *reinterpret_cast<const uint32_t*>(p);
     return Q3KRow::word(p);
   }
-  // Lane t's words of half h of 128-column half n: ql for j = 0, 2 and j = 1, 3, qh.
-  struct Words {
-    __device__ __forceinline__ Words(const uint8_t* blk, int n, int h, int t) {
-      const int l = 16 * h + 4 * t;
-      ql0 = word(blk + 64 * n + l), ql1 = word(blk + 64 * n + 32 + l), qh = word(blk + 128 + 32 * n + l);
+  // A row's words lane t multiplies, every one loaded before any is used (12 of codes, 4 of
+  // scales and d): half h of 128-column half n has ql for j = 0, 2 (ql[n][h][0]) and j = 1, 3
+  // (ql[n][h][1]) and qh[n][h].
+  template <bool kAligned>
+  struct Row {
+    __device__ __forceinline__ Row(const uint8_t* blk, int t) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int l = 16 * h + 4 * t;
+          ql[n][h][0] = word<kAligned>(blk + 64 * n + l);
+          ql[n][h][1] = word<kAligned>(blk + 64 * n + 32 + l);
+          qh[n][h] = word<kAligned>(blk + 128 + 32 * n + l);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) sc[k] = word<kAligned>(blk + 192 + 4 * k);
+      d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 208)));
     }
     // The A operand of sub-block 8n + 2j + h: the codes minus 32, bytewise.
-    __device__ __forceinline__ uint32_t codes(int j) const {
-      const uint32_t lo = ((j & 1 ? ql1 : ql0) >> (4 * (j >> 1))) & 0x0f0f0f0fu;
-      return __vsub4(lo | (((qh >> (2 * j)) & 0x03030303u) << 4), 0x20202020u);
+    __device__ __forceinline__ uint32_t codes(int n, int h, int j) const {
+      const uint32_t lo = (ql[n][h][j & 1] >> (4 * (j >> 1))) & 0x0f0f0f0fu;
+      return __vsub4(lo | (((qh[n][h] >> (2 * j)) & 0x03030303u) << 4), 0x20202020u);
     }
-    uint32_t ql0, ql1, qh;
+    __device__ __forceinline__ int scale(int s) const { return static_cast<int>(static_cast<int8_t>(byte_of(sc[s / 4], s % 4))); }
+    uint32_t ql[2][2][2], qh[2][2], sc[4];
+    float d;
   };
-  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
-                                             const Lane& ln, float* acc_a, float* acc_b) {
-    uint32_t sa[4], sb[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) sa[k] = word(ba + 192 + 4 * k), sb[k] = word(bb + 192 + 4 * k);
-    const auto scale = [](const uint32_t(&w)[4], int s) { return static_cast<int>(static_cast<int8_t>(byte_of(w[s / 4], s % 4))); };
+  template <bool kAligned>
+  __device__ __forceinline__ static void add_rows(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                                  const Lane& ln, float* acc_a, float* acc_b) {
+    const Row<kAligned> ra(ba, ln.t), rb(bb, ln.t);
     int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const Words wa(ba, n, h, ln.t), wb(bb, n, h, ln.t);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int s = 8 * n + 2 * j + h;
@@ -316,17 +332,26 @@ struct Q6KBlock {
               ln.g < kDigits ? *reinterpret_cast<const uint32_t*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 16 * h + 4 * ln.t)
                              : 0u;
           int d[4] = {0, 0, 0, 0};
-          mma_s8_k16(d, wa.codes(j), wb.codes(j), xv);
-          const int ca = scale(sa, s), cb = scale(sb, s);
+          mma_s8_k16(d, ra.codes(n, h, j), rb.codes(n, h, j), xv);
+          const int ca = ra.scale(s), cb = rb.scale(s);
           va0 += ca * d[0], va1 += ca * d[1], vb0 += cb * d[2], vb1 += cb * d[3];
         }
       }
     }
     const float S = x.scale[xblk];
-    const float da = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(ba + 208)));
-    const float db = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(bb + 208)));
-    *acc_a += S * da * ln.digits(va0, va1);
-    *acc_b += S * db * ln.digits(vb0, vb1);
+    *acc_a += S * ra.d * ln.digits(va0, va1);
+    *acc_b += S * rb.d * ln.digits(vb0, vb1);
+  }
+  // Both rows' blocks 4-byte aligned (a block's words share its alignment): word loads, else
+  // half-word pairs; with rows of an even number of blocks (the released model's) the two rows
+  // and every lane take the same path.
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    if (((reinterpret_cast<uintptr_t>(ba) | reinterpret_cast<uintptr_t>(bb)) & 2) == 0) {
+      add_rows<true>(ba, bb, x, xblk, ln, acc_a, acc_b);
+    } else {
+      add_rows<false>(ba, bb, x, xblk, ln, acc_a, acc_b);
+    }
   }
 };
 
@@ -335,11 +360,13 @@ __host__ __device__ constexpr int cta_warps() {
   return kSlices > kWarps ? kSlices : kWarps;
 }
 
-// Products of one shape, each its own weights and x (blockIdx.y picks one).
+// Products of one shape, each its own weights and x (blockIdx.y picks one); with norm.w, one
+// product whose output the last CTA to finish normalises (NormArgs).
 struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
+  NormArgs norm;
 };
 
 template <class Block, int kSlices>
@@ -348,6 +375,8 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(co
   const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
+  if (b.norm.w == nullptr || !cuda::last_arrival(b.norm.counter, static_cast<int>(gridDim.x))) return;
+  cuda::rms_norm_row_by_more<kNormRowThreads, cta_warps<kSlices>() * 32>(p.y, b.norm.w, p.rows, b.norm.eps, p.y);
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
@@ -363,7 +392,30 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
+  FinishArgs fin;
 };
+
+// The CTA's rows [r0, r1), once every product that writes them has: kSwiglu, gate product k
+// and up product k (two arrivals a tile) give y[k] = swiglu(gate, up) x weights[k] (the
+// moe::swiglu_cuda value); kCombine, the n products (one arrival each) give the token's MoE
+// output, the routed outputs summed in ascending expert id plus the shared expert's
+// (moe::combine_routed_cuda's value).
+__device__ __forceinline__ void finish_rows(const ExpertMma& b, int k, int64_t r0, int64_t r1) {
+  const FinishArgs& f = b.fin;
+  if (f.kind == FinishKind::kSwiglu) {
+    if (!cuda::last_arrival(f.counters + k * gridDim.x + blockIdx.x, 2)) return;
+    float* g = b.p.y + k * b.y_stride;
+    const float* u = b.y2 + k * b.y_stride;
+    const float w = f.weights[k];
+    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) g[r] = moe::swiglu_value(__ldcg(g + r), __ldcg(u + r), f.limit, w);
+    return;
+  }
+  if (!cuda::last_arrival(f.counters + blockIdx.x, b.n)) return;
+  const moe::RoutedOrder order(f.experts, b.n);
+  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+    f.out[r] = moe::routed_output(order, b.p.y + r, b.y_stride, b.n, __ldcg(f.shared + r));
+  }
+}
 
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
@@ -377,6 +429,10 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.y += k * b.y_stride;
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
+  if (b.fin.kind == FinishKind::kNone) return;
+  constexpr int64_t kTileRows = cta_warps<kSlices>() / kSlices * 16;  // as mma_tiles
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * b.tiles_per_cta * kTileRows;
+  finish_rows(b, k, r0, min(r0 + b.tiles_per_cta * kTileRows, p.rows));
 }
 
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
@@ -494,10 +550,14 @@ Status check_blocks(int64_t n_blocks) {
 
 bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows, p[0].cols, n); }
 
-Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n) {
+Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n, const NormArgs& norm) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
+  if (norm.w != nullptr && (n != 1 || p[0].rows > kNormRowThreads * cuda::kRowRegs || p[0].rows >= cuda::kWideNormRow)) {
+    return absl::InvalidArgumentError(absl::StrCat("launch_dense_mma: no norm of ", n, " products of ", p[0].rows, " rows"));
+  }
+  b.norm = norm;
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
   // At most 16 slices (DSF_MMA_Q4K_SLICES, for measurement). At 6cca49b 8 was better (the
   // attention output's products and the shared expert's gate and up 2.14 ms a token against
@@ -521,11 +581,19 @@ bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n
 
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2, float* y2,
-                          int64_t expert_bytes2) {
+                          int64_t expert_bytes2, const FinishArgs& fin) {
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
+  if (fin.kind != FinishKind::kNone && fin.n_counters < (p.rows + 15) / 16 * n) {
+    return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", fin.n_counters, " tile counters for ",
+                                                   (p.rows + 15) / 16 * n));
+  }
+  if (fin.kind == FinishKind::kSwiglu && w2 == nullptr) return absl::InvalidArgumentError("launch_experts_mma: SwiGLU needs up");
+  if (fin.kind == FinishKind::kCombine && n > moe::kCombineMaxK) {
+    return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: the MoE output of ", n, " experts"));
+  }
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1, fin};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
