@@ -82,6 +82,7 @@ DeviceSequence::~DeviceSequence() {
     graphs.release();
     sampler.reset();
     layers.clear();  // frees on the stream before it goes
+    tile_counters = DevBuf<int32_t>();
     (void)kernels::stream_sync(ctx);
     kernels::stream_destroy(ctx.cuda_stream);
   }

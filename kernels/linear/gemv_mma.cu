@@ -342,12 +342,14 @@ struct Q6KBlock {
     *acc_a += S * ra.d * ln.digits(va0, va1);
     *acc_b += S * rb.d * ln.digits(vb0, vb1);
   }
-  // Both rows' blocks 4-byte aligned (a block's words share its alignment): word loads, else
-  // half-word pairs; with rows of an even number of blocks (the released model's) the two rows
-  // and every lane take the same path.
+  // Word loads where every lane's two blocks are 4-byte aligned (a block's words share its
+  // alignment; with rows of an even number of blocks, the released model's, they all are or
+  // none is), else half-word pairs. The choice is the warp's (a vote): the mma instructions
+  // need the whole warp on one path.
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    if (((reinterpret_cast<uintptr_t>(ba) | reinterpret_cast<uintptr_t>(bb)) & 2) == 0) {
+    const bool aligned = ((reinterpret_cast<uintptr_t>(ba) | reinterpret_cast<uintptr_t>(bb)) & 2) == 0;
+    if (__all_sync(0xffffffffu, aligned)) {
       add_rows<true>(ba, bb, x, xblk, ln, acc_a, acc_b);
     } else {
       add_rows<false>(ba, bb, x, xblk, ln, acc_a, acc_b);
