@@ -25,6 +25,9 @@ bin=${DSF_BIN:-out/gpu/bin/dsflash}
 [[ -x $bin ]] || { echo "gpu-ab: no $bin (unpack the bundle first)" >&2; exit 1; }
 [[ -d out/gpu/lib ]] && export LD_LIBRARY_PATH=$PWD/out/gpu/lib
 if [[ -f out/gpu/commit ]]; then export DSF_COMMIT=${DSF_COMMIT:-$(cat out/gpu/commit)}; fi
+# The machine column of the rows, as scripts/gpu-run.sh names it.
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+[[ -n $gpu ]] && export DSF_MACHINE=${DSF_MACHINE:-"$gpu test machine ($(nproc) threads, $(uname -m))"}
 model=${MODEL:-/dev/shm/perf.gguf}
 if [[ ! -f $model ]]; then
   [[ -z ${MODEL:-} ]] || { echo "gpu-ab: no model $model" >&2; exit 1; }

@@ -2,9 +2,7 @@
 // the compressor and the indexer of source layers, sparse attention over [window rows ;
 // compressed cache] and the grouped low-rank output.
 #include <cmath>
-#include <cstdlib>
 #include <optional>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "inference_svc/model/device_model.h"
@@ -200,17 +198,8 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   if (kv_source) RETURN_IF_ERROR(compress(l, call, side.ctx(), x, latent.get(), &n_new));
   // Query.
   ASSIGN_OR_RETURN(auto qr, DevBuf<float>::make(ctx, S * cfg_.q_lora_rank));
-  static const bool fused_q_norm = [] {  // DSF_Q_NORM_FUSED=0: two launches (measurement)
-    const char* e = std::getenv("DSF_Q_NORM_FUSED");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
-  if (S == 1 && fused_q_norm && call.seq.tile_counters.get() != nullptr && kernels::linear_norm_supported(w.wq_a, x)) {
-    // Its last CTA normalises (one launch fewer on the decode chain).
-    RETURN_IF_ERROR(kernels::linear_norm_cuda(ctx, w.wq_a, x, qr.get(), w.q_norm, cfg_.norm_eps, call.seq.tile_counters.get()));
-  } else {
-    RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));
-    RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
-  }
+  RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));
+  RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
   ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * H * Dh));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_b, qr.get(), S, q.get()));  // its RoPE is fused into sparse attention
   RETURN_IF_ERROR(side.join());

@@ -82,7 +82,6 @@ DeviceSequence::~DeviceSequence() {
     graphs.release();
     sampler.reset();
     layers.clear();  // frees on the stream before it goes
-    tile_counters = DevBuf<int32_t>();
     (void)kernels::stream_sync(ctx);
     kernels::stream_destroy(ctx.cuda_stream);
   }
@@ -209,10 +208,6 @@ StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::new_sequence() const {
     }
   }
   s->layers.resize(cfg_.n_layer);
-  const int64_t counters = kernels::experts_finish_counters(std::max<int64_t>(cfg_.n_embd, cfg_.expert_ffn),
-                                                            static_cast<int>(cfg_.n_expert_used));
-  ASSIGN_OR_RETURN(s->tile_counters, DevBuf<int32_t>::make(s->ctx, counters));
-  RETURN_IF_ERROR(kernels::fill_zero(s->ctx, s->tile_counters.get(), counters * sizeof(int32_t)));
   const int64_t Dh = cfg_.head_dim;
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
     DeviceLayerState& st = s->layers[l];

@@ -134,9 +134,6 @@ struct DeviceSequence {
   kernels::Branch branches[2];
   std::unique_ptr<kernels::sample::DeviceSampler> sampler;  // made by the first device draw
   std::vector<DeviceLayerState> layers;
-  // Tile counters of the routed experts' finishing GEMV launches (kernels::ExpertsFinish): zero
-  // between launches, used by the sequence's own stream only.
-  DevBuf<int32_t> tile_counters;
   DecodeGraphs graphs;
   uint8_t* engram_stage = nullptr;  // pinned: Engram rows on their way to the device
   uint64_t engram_stage_bytes = 0;
@@ -293,7 +290,6 @@ class DeviceModel {
     const int32_t* ids = nullptr;  // device [K]
   };
   bool experts_have_decode_gemvs(const ExpertTable& t) const;
-  bool experts_finish(const ExpertTable& t, int n, const Call& call) const;
   ExpertTable resident_table(const Layer& w, const int32_t* ids) const;  // ids: expert numbers
   // `shared`: the shared expert's output on the branch `side` (joined before it is read), or
   // null: run here.

@@ -3,9 +3,7 @@
 // store's arena).
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <map>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "inference_svc/model/device_model.h"
@@ -88,22 +86,11 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
     RETURN_IF_ERROR(shared_expert(w, cfg_.layers[l], side.ctx(), 1, x, shared.get()));
   }
   ASSIGN_OR_RETURN(auto logits, DevBuf<float>::make(ctx, S * E));
+  RETURN_IF_ERROR(dev_linear(ctx, w.gate_inp, x, S, logits.get(), kernels::OutRound::kF32));
   ASSIGN_OR_RETURN(auto experts, DevBuf<int32_t>::make(ctx, S * K));
   ASSIGN_OR_RETURN(auto weights, DevBuf<float>::make(ctx, S * K));
-  static const bool fused_router = [] {  // DSF_ROUTER_ROUTE=0: two launches (measurement)
-    const char* e = std::getenv("DSF_ROUTER_ROUTE");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
-  if (S == 1 && fused_router && call.seq.tile_counters.get() != nullptr &&
-      kernels::moe::router_route_supported(w.gate_inp, x, K)) {
-    RETURN_IF_ERROR(kernels::moe::router_route_cuda(ctx, w.gate_inp, x, w.exp_probs_b, K, cfg_.norm_topk,
-                                                    cfg_.route_scale, logits.get(), experts.get(), weights.get(),
-                                                    call.seq.tile_counters.get()));
-  } else {
-    RETURN_IF_ERROR(dev_linear(ctx, w.gate_inp, x, S, logits.get(), kernels::OutRound::kF32));
-    RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk,
-                                             cfg_.route_scale, experts.get(), weights.get()));
-  }
+  RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
+                                           experts.get(), weights.get()));
   if (call.segmenting != nullptr) {
     // A streamed decode step being captured: the segment ends with the routing copied to the
     // host; the next starts by copying the slots the host acquired (device_graph.cc).
@@ -321,20 +308,6 @@ bool DeviceModel::experts_have_decode_gemvs(const ExpertTable& t) const {
          kernels::linear_experts_supported(t.base.down, t.down_stride) && (t.base.gate.rows * 4) % 16 == 0;
 }
 
-// Whether a decode token's routed experts end their GEMV launches with the SwiGLU and the MoE
-// output (kernels::ExpertsFinish; DSF_EXPERTS_FINISH=0 keeps the separate launches, for
-// measurement).
-bool DeviceModel::experts_finish(const ExpertTable& t, int n, const Call& call) const {
-  static const bool on = [] {
-    const char* e = std::getenv("DSF_EXPERTS_FINISH");
-    return e == nullptr || std::string_view(e) != "0";
-  }();
-  return on && call.seq.tile_counters.get() != nullptr &&
-         call.seq.tile_counters.size() >= kernels::experts_finish_counters(std::max(t.base.gate.rows, t.base.down.rows), n) &&
-         kernels::linear_experts_finish_supported(t.base.gate, t.gate_stride, t.base.up, t.up_stride, t.base.down,
-                                                  t.down_stride, n);
-}
-
 // A decode token's K routed experts: gate, up and down each in one launch, rows in route order,
 // summed per token in ascending expert order with the shared expert's output.
 Status DeviceModel::decode_experts(int l, Call& call, const float* x, const ExpertTable& t, const int32_t* experts,
@@ -356,21 +329,6 @@ Status DeviceModel::decode_experts(int l, Call& call, const float* x, const Expe
     RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
     ASSIGN_OR_RETURN(const ActQ8Buf aq, quantize_act_q8(ctx, a.get(), F, n));
     RETURN_IF_ERROR(kernels::linear_experts_q8_cuda(ctx, t.base.down, t.down_stride, t.ids, n, aq.view(), false, ye.get(), D));
-  } else if (experts_finish(t, n, call)) {
-    // SwiGLU and the MoE output made by the GEMV launches' last CTA of each tile of rows.
-    const kernels::ExpertsFinish f{call.seq.tile_counters.get(), call.seq.tile_counters.size()};
-    RETURN_IF_ERROR(kernels::linear_experts_swiglu_cuda(ctx, t.base.gate, t.gate_stride, t.base.up, t.up_stride, t.ids, n, x,
-                                                        a.get(), b.get(), L.swiglu_limit_exp, weights, f));
-    DevBuf<float> own;
-    if (shared == nullptr) {
-      ASSIGN_OR_RETURN(own, DevBuf<float>::make(ctx, D));
-      RETURN_IF_ERROR(shared_expert(w, L, ctx, 1, x, own.get()));
-      shared = own.get();
-    } else {
-      RETURN_IF_ERROR(side->join());
-    }
-    return kernels::linear_experts_combine_cuda(ctx, t.base.down, t.down_stride, t.ids, n, a.get(), ye.get(), experts,
-                                                shared, y, f);
   } else {
     RETURN_IF_ERROR(kernels::linear_experts_gate_up_cuda(ctx, t.base.gate, t.gate_stride, t.base.up, t.up_stride, t.ids, n,
                                                          x, a.get(), b.get(), F));

@@ -60,11 +60,6 @@ namespace moe {
 Status route_cuda(const ExecCtx&, const float*, const float*, int64_t, int64_t, int64_t, bool, float, int32_t*, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-bool router_route_supported(const Weight&, const float*, int64_t) { return false; }
-Status router_route_cuda(const ExecCtx&, const Weight&, const float*, const float*, int64_t, bool, float, float*, int32_t*,
-                         float*, int32_t*) {
-  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
-}
 Status swiglu_cuda(const ExecCtx&, float*, const float*, int64_t, int64_t, float, const float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

@@ -48,22 +48,4 @@ __device__ float cluster_sum(float v, int vt) {
   return total;
 }
 
-// Whether this CTA is the last of `arrivals` to get here, counting on *counter (device memory,
-// zero before the first arrival), which the last one resets to zero for the next launch. Every
-// write the CTA made before the call is visible device-wide before the count moves, and the
-// last CTA sees every other's (read them through L2: __ldcg). Every thread of the CTA calls
-// it; every thread gets the answer.
-__device__ __forceinline__ bool last_arrival(int* counter, int arrivals) {
-  __shared__ bool last;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    last = atomicAdd(counter, 1) == arrivals - 1;
-    if (last) atomicExch(counter, 0);
-  }
-  __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
-
 }  // namespace dsflash::kernels::cuda

@@ -462,22 +462,6 @@ Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams*
   }
 }
 
-bool linear_norm_supported(const Weight& w, const float* x) {
-  const LinearParams p = params_of(w, x, nullptr, 1, OutRound::kBf16);
-  return (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ6_K) && w.rows > 0 && w.rows < 2048 &&
-         decode_gemv_applies(w.type, &p, 1) && gemv_mma_applies(&p, 1);
-}
-
-Status linear_norm_cuda(const ExecCtx& ctx, const Weight& w, const float* x, float* y, const float* norm_w, float eps,
-                        int32_t* counter) {
-  if (!linear_norm_supported(w, x)) {
-    return absl::UnimplementedError(absl::StrCat("linear_norm_cuda: no tensor-core GEMV with a norm for ",
-                                                 quant::traits(w.type).name, " ", w.rows, " x ", w.cols));
-  }
-  const LinearParams p = params_of(w, x, y, 1, OutRound::kBf16);
-  return launch_dense_mma(ctx, w.type, &p, 1, NormArgs{norm_w, eps, counter});
-}
-
 namespace {
 
 // The jobs as decode GEMV products (all n when they fit one launch: same type, shape and
@@ -574,53 +558,6 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
   }
   RETURN_IF_ERROR(linear_experts_cuda(ctx, gate, gate_bytes, ids, n, x, 0, y_gate, y_stride, round));
   return linear_experts_cuda(ctx, up, up_bytes, ids, n, x, 0, y_up, y_stride, round);
-}
-
-namespace {
-
-// Whether the finishing expert GEMVs take gate and up (one launch on the tensor cores), or down.
-bool gate_up_finishable(const Weight& gate, int64_t gate_bytes, const Weight& up, int64_t up_bytes, int n) {
-  const bool same = gate.type == up.type && gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes;
-  return same && n > 0 && n <= 8 && experts_mma_fits(gate, gate_bytes, n) && experts_mma_fits(up, up_bytes, n) &&
-         linear_experts_supported(gate, gate_bytes) && experts_mma_applies(gate.type, gate.rows, gate.cols, 2 * n);
-}
-bool down_finishable(const Weight& down, int64_t down_bytes, int n) {
-  return n > 0 && n <= 8 && experts_mma_fits(down, down_bytes, n) && linear_experts_supported(down, down_bytes) &&
-         experts_mma_applies(down.type, down.rows, down.cols, n) && (down.cols * 4) % 16 == 0;
-}
-
-}  // namespace
-
-bool linear_experts_finish_supported(const Weight& gate, int64_t gate_bytes, const Weight& up, int64_t up_bytes,
-                                     const Weight& down, int64_t down_bytes, int n) {
-  return down.cols == gate.rows && gate_up_finishable(gate, gate_bytes, up, up_bytes, n) &&
-         down_finishable(down, down_bytes, n);
-}
-
-Status linear_experts_swiglu_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
-                                  int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
-                                  float limit, const float* weights, const ExpertsFinish& f) {
-  if (!gate_up_finishable(gate, gate_bytes, up, up_bytes, n) || reinterpret_cast<uintptr_t>(x) % 16 != 0) {
-    return absl::UnimplementedError("linear_experts_swiglu_cuda: no finishing tensor-core GEMV for these experts");
-  }
-  FinishArgs fin;
-  fin.kind = FinishKind::kSwiglu, fin.counters = f.counters, fin.n_counters = f.n_counters;
-  fin.limit = limit, fin.weights = weights;
-  return launch_experts_mma(ctx, gate.type, params_of(gate, x, y_gate, 1, OutRound::kBf16), ids, gate_bytes, n, 0,
-                            gate.rows, up.data, y_up, up_bytes, fin);
-}
-
-Status linear_experts_combine_cuda(const ExecCtx& ctx, const Weight& down, int64_t down_bytes, const int32_t* ids, int n,
-                                   const float* x, float* y, const int32_t* experts, const float* shared, float* out,
-                                   const ExpertsFinish& f) {
-  if (!down_finishable(down, down_bytes, n) || reinterpret_cast<uintptr_t>(x) % 16 != 0) {
-    return absl::UnimplementedError("linear_experts_combine_cuda: no finishing tensor-core GEMV for these experts");
-  }
-  FinishArgs fin;
-  fin.kind = FinishKind::kCombine, fin.counters = f.counters, fin.n_counters = f.n_counters;
-  fin.experts = experts, fin.shared = shared, fin.out = out;
-  return launch_experts_mma(ctx, down.type, params_of(down, x, y, 1, OutRound::kBf16), ids, down_bytes, n, down.cols,
-                            down.rows, nullptr, nullptr, 0, fin);
 }
 
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {

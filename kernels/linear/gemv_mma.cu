@@ -23,13 +23,10 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_util.cuh"
-#include "kernels/cuda/reduce.cuh"
 #include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
 #include "kernels/linear/mma_common.cuh"
-#include "kernels/moe/moe_math.cuh"
-#include "kernels/norm/norm_row.cuh"
 
 namespace dsflash::kernels {
 namespace {
@@ -362,13 +359,11 @@ __host__ __device__ constexpr int cta_warps() {
   return kSlices > kWarps ? kSlices : kWarps;
 }
 
-// Products of one shape, each its own weights and x (blockIdx.y picks one); with norm.w, one
-// product whose output the last CTA to finish normalises (NormArgs).
+// Products of one shape, each its own weights and x (blockIdx.y picks one).
 struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
-  NormArgs norm;
 };
 
 template <class Block, int kSlices>
@@ -377,8 +372,6 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(co
   const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
-  if (b.norm.w == nullptr || !cuda::last_arrival(b.norm.counter, static_cast<int>(gridDim.x))) return;
-  cuda::rms_norm_row_by_more<kNormRowThreads, cta_warps<kSlices>() * 32>(p.y, b.norm.w, p.rows, b.norm.eps, p.y);
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
@@ -394,30 +387,7 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
-  FinishArgs fin;
 };
-
-// The CTA's rows [r0, r1), once every product that writes them has: kSwiglu, gate product k
-// and up product k (two arrivals a tile) give y[k] = swiglu(gate, up) x weights[k] (the
-// moe::swiglu_cuda value); kCombine, the n products (one arrival each) give the token's MoE
-// output, the routed outputs summed in ascending expert id plus the shared expert's
-// (moe::combine_routed_cuda's value).
-__device__ __forceinline__ void finish_rows(const ExpertMma& b, int k, int64_t r0, int64_t r1) {
-  const FinishArgs& f = b.fin;
-  if (f.kind == FinishKind::kSwiglu) {
-    if (!cuda::last_arrival(f.counters + k * gridDim.x + blockIdx.x, 2)) return;
-    float* g = b.p.y + k * b.y_stride;
-    const float* u = b.y2 + k * b.y_stride;
-    const float w = f.weights[k];
-    for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) g[r] = moe::swiglu_value(__ldcg(g + r), __ldcg(u + r), f.limit, w);
-    return;
-  }
-  if (!cuda::last_arrival(f.counters + blockIdx.x, b.n)) return;
-  const moe::RoutedOrder order(f.experts, b.n);
-  for (int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
-    f.out[r] = moe::routed_output(order, b.p.y + r, b.y_stride, b.n, __ldcg(f.shared + r));
-  }
-}
 
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
@@ -431,10 +401,6 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.y += k * b.y_stride;
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
-  if (b.fin.kind == FinishKind::kNone) return;
-  constexpr int64_t kTileRows = cta_warps<kSlices>() / kSlices * 16;  // as mma_tiles
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * b.tiles_per_cta * kTileRows;
-  finish_rows(b, k, r0, min(r0 + b.tiles_per_cta * kTileRows, p.rows));
 }
 
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
@@ -552,14 +518,10 @@ Status check_blocks(int64_t n_blocks) {
 
 bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows, p[0].cols, n); }
 
-Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n, const NormArgs& norm) {
+Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
-  if (norm.w != nullptr && (n != 1 || p[0].rows > kNormRowThreads * cuda::kRowRegs || p[0].rows >= cuda::kWideNormRow)) {
-    return absl::InvalidArgumentError(absl::StrCat("launch_dense_mma: no norm of ", n, " products of ", p[0].rows, " rows"));
-  }
-  b.norm = norm;
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
   // At most 16 slices (DSF_MMA_Q4K_SLICES, for measurement). At 6cca49b 8 was better (the
   // attention output's products and the shared expert's gate and up 2.14 ms a token against
@@ -583,19 +545,11 @@ bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n
 
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2, float* y2,
-                          int64_t expert_bytes2, const FinishArgs& fin) {
+                          int64_t expert_bytes2) {
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  if (fin.kind != FinishKind::kNone && fin.n_counters < (p.rows + 15) / 16 * n) {
-    return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", fin.n_counters, " tile counters for ",
-                                                   (p.rows + 15) / 16 * n));
-  }
-  if (fin.kind == FinishKind::kSwiglu && w2 == nullptr) return absl::InvalidArgumentError("launch_experts_mma: SwiGLU needs up");
-  if (fin.kind == FinishKind::kCombine && n > moe::kCombineMaxK) {
-    return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: the MoE output of ", n, " experts"));
-  }
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1, fin};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);

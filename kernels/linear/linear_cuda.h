@@ -80,42 +80,4 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
                                    int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
                                    int64_t y_stride, OutRound round = OutRound::kBf16);
 
-// One token's y = W x (bf16 output) followed by rms_norm_cuda(y, norm_w, eps) in place, in one
-// launch: the last CTA of the GEMV to finish normalises (the query's wq_a and q_norm at decode).
-// Bit for bit the two launches. `counter`: one int of device memory, zero before, left zero.
-// Where linear_norm_supported: the tensor-core decode GEMV takes W (Q4_K, Q6_K) and y has
-// fewer than 2,048 values.
-bool linear_norm_supported(const Weight& w, const float* x);
-Status linear_norm_cuda(const ExecCtx& ctx, const Weight& w, const float* x, float* y, const float* norm_w, float eps,
-                        int32_t* counter);
-
-// A decode token's routed experts may end their GEMV launch with the MoE step that follows it,
-// done for each tile of rows by the last CTA to write it (a counter a tile): the SwiGLU after
-// gate and up, the MoE output after down; bit for bit the separate launches of moe_cuda.h, one
-// kernel boundary fewer each on the decode chain. `counters`: device memory, zero before a
-// launch and left zero by it, at least experts_finish_counters(rows, n) of them, used by one
-// stream at a time.
-struct ExpertsFinish {
-  int32_t* counters = nullptr;
-  int64_t n_counters = 0;
-};
-inline int64_t experts_finish_counters(int64_t rows, int n) { return (rows + 15) / 16 * n; }
-// Whether the finishing launches below take these experts (the tensor-core expert GEMVs,
-// DSF_GEMV_MMA not 0, n <= 8, 16-byte aligned activations).
-bool linear_experts_finish_supported(const Weight& gate, int64_t gate_bytes, const Weight& up, int64_t up_bytes,
-                                     const Weight& down, int64_t down_bytes, int n);
-
-// linear_experts_gate_up_cuda (bf16 outputs, y_stride gate.rows), then y_gate[k] =
-// swiglu(y_gate[k], y_up[k], limit) x weights[k] as moe::swiglu_cuda, in one launch.
-Status linear_experts_swiglu_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
-                                  int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
-                                  float limit, const float* weights, const ExpertsFinish& f);
-
-// linear_experts_cuda of down (x_stride down.cols, y_stride down.rows, bf16 outputs), then
-// out = the routed outputs summed in ascending expert id (experts: the ids of the n products)
-// plus shared, as moe::combine_routed_cuda for one token, in one launch.
-Status linear_experts_combine_cuda(const ExecCtx& ctx, const Weight& down, int64_t down_bytes, const int32_t* ids, int n,
-                                   const float* x, float* y, const int32_t* experts, const float* shared, float* out,
-                                   const ExpertsFinish& f);
-
 }  // namespace dsflash::kernels

@@ -40,38 +40,14 @@ Status launch_decode_gemv(const ExecCtx& ctx, quant::GgmlType type, const Linear
 // The Q4_K and Q6_K decode GEMVs on the integer tensor cores (gemv_mma.cu), for products
 // decode_gemv_applies takes; launch_decode_gemv uses them where gemv_mma_applies (every size
 // x's digits fit by default; DSF_GEMV_MMA, linear_cuda.h).
-// With norm.w, one product (rows < cuda::kWideNormRow, whose RMSNorm rms_norm_cuda takes on
-// kNormRowThreads) normalised in place by the launch's last CTA to finish (linear_norm_cuda).
-struct NormArgs {
-  const float* w = nullptr;
-  float eps = 0.0f;
-  int32_t* counter = nullptr;  // zero, left zero
-};
-constexpr int kNormRowThreads = 256;  // cuda::with_norm_threads below kWideNormRow
-Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n,
-                        const NormArgs& norm = {});
+Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n);
 bool gemv_mma_applies(const LinearParams* p, int n);
-// What the last CTA to write a tile of rows of the routed experts' GEMV does with it
-// (ExpertsFinish, linear_cuda.h): kSwiglu after gate and up (two arrivals a tile), kCombine
-// after down (n arrivals).
-enum class FinishKind : int { kNone, kSwiglu, kCombine };
-struct FinishArgs {
-  FinishKind kind = FinishKind::kNone;
-  int32_t* counters = nullptr;  // zero, left zero; (rows + 15) / 16 x n of them at least
-  int64_t n_counters = 0;
-  float limit = 0.0f;
-  const float* weights = nullptr;  // kSwiglu: route weights [n]
-  const int32_t* experts = nullptr;  // kCombine: expert ids [n] (the summation order)
-  const float* shared = nullptr;     // kCombine: the shared expert's output [rows]
-  float* out = nullptr;              // kCombine: the MoE output [rows]
-};
 // The routed experts' Q2_K / Q3_K GEMV on the integer tensor cores (linear_experts_cuda's
 // arguments; p: expert 0's rows, product 0's x and y), where experts_mma_applies; with w2
-// (x_stride 0), a second weight of p's shape over the same ids and x into y2, in one launch;
-// ending with `fin`.
+// (x_stride 0), a second weight of p's shape over the same ids and x into y2, in one launch.
 Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams& p, const int32_t* ids,
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2 = nullptr,
-                          float* y2 = nullptr, int64_t expert_bytes2 = 0, const FinishArgs& fin = {});
+                          float* y2 = nullptr, int64_t expert_bytes2 = 0);
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n);
 
 // Prefill GEMMs of Q4_K, Q2_K and Q3_K on the integer tensor cores at fp32 accuracy

@@ -1,10 +1,7 @@
 // MoE kernels (see moe_cuda.h).
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/math.cuh"
-#include "kernels/cuda/reduce.cuh"
-#include "kernels/linear/wide16.cuh"
 #include "kernels/moe/moe_cuda.h"
-#include "kernels/moe/moe_math.cuh"
 
 namespace dsflash::kernels::moe {
 namespace {
@@ -77,18 +74,19 @@ __global__ void route_kernel(const float* __restrict__ logits, const float* __re
   }
 }
 
-// route_kernel for E <= 32 on one warp: lane e holds expert e's logit z (lanes >= E: any) and
-// scores in registers, each round's arg-max is the same butterfly over the same (value, index)
-// pairs, the chosen lane marks itself, and every lane adds the chosen scores in pick order
-// (route_kernel's lane 0 sum): the same experts and weights bit for bit, without the
-// shared-memory passes and lane 0's reads back.
-__device__ __forceinline__ void route_lanes(float z, const float* __restrict__ bias, int64_t E, int64_t k,
-                                            bool norm_topk, float route_scale, int32_t* __restrict__ experts,
-                                            float* __restrict__ weights) {
-  const int lane = threadIdx.x & 31;
+// route_kernel for E <= 32: lane e holds expert e's scores in registers, each round's arg-max is
+// the same butterfly over the same (value, index) pairs, the chosen lane marks itself, and every
+// lane adds the chosen scores in pick order (route_kernel's lane 0 sum): the same experts and
+// weights bit for bit, without the shared-memory passes and lane 0's reads back.
+__global__ void route_lanes_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t E,
+                                   int64_t k, bool norm_topk, float route_scale, int32_t* __restrict__ experts,
+                                   float* __restrict__ weights) {
+  cuda::await_inputs();
+  const int lane = threadIdx.x;
+  const int64_t t = blockIdx.x;
   float score = 0.0f, biased = -INFINITY;
   if (lane < E) {
-    score = route_score(z);
+    score = route_score(logits[t * E + lane]);
     biased = __fadd_rn(score, bias[lane]);
   }
   bool taken = lane >= E;
@@ -101,52 +99,11 @@ __device__ __forceinline__ void route_lanes(float z, const float* __restrict__ b
     if (lane == arg) {
       taken = true;
       rank = static_cast<int>(r);
-      experts[r] = arg;
+      experts[t * k + r] = arg;
     }
     sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, score, arg));
   }
-  if (rank >= 0) weights[rank] = route_weight(score, sum, k, norm_topk, route_scale);
-}
-
-__global__ void route_lanes_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int64_t E,
-                                   int64_t k, bool norm_topk, float route_scale, int32_t* __restrict__ experts,
-                                   float* __restrict__ weights) {
-  cuda::await_inputs();
-  const int64_t t = blockIdx.x;
-  const float z = threadIdx.x < E ? logits[t * E + threadIdx.x] : 0.0f;
-  route_lanes(z, bias, E, k, norm_topk, route_scale, experts + t * k, weights + t * k);
-}
-
-// One token's router GEMV and routing in one launch: CTA e computes logit e as
-// linear_wide16_kernel does (fp32 output), and the last CTA to finish routes on its first warp
-// as route_lanes_kernel does.
-struct RouterArgs {
-  const uint8_t* w;
-  int64_t row_bytes, cols;
-  const float* x;
-  const float* bias;
-  int64_t k;
-  bool norm_topk;
-  float route_scale;
-  float* logits;
-  int32_t* experts;
-  float* weights;
-  int* counter;
-};
-
-constexpr int kRouterThreads = 256;  // linear_wide16_kernel's block
-
-template <quant::GgmlType kType>
-__global__ void __launch_bounds__(kRouterThreads) router_route_kernel(const RouterArgs a) {
-  cuda::await_inputs();
-  __shared__ float part[kRouterThreads / 32];
-  const int64_t e = blockIdx.x, E = gridDim.x;
-  const float z = wide16_row_dot<kType, kRouterThreads>(a.w + e * a.row_bytes, a.x, a.cols, part);
-  if (threadIdx.x == 0) a.logits[e] = z;
-  if (!cuda::last_arrival(a.counter, static_cast<int>(E))) return;
-  if (threadIdx.x >= 32) return;
-  const float zl = threadIdx.x < E ? __ldcg(a.logits + threadIdx.x) : 0.0f;
-  route_lanes(zl, a.bias, E, a.k, a.norm_topk, a.route_scale, a.experts, a.weights);
+  if (rank >= 0) weights[t * k + rank] = route_weight(score, sum, k, norm_topk, route_scale);
 }
 
 __global__ void swiglu_kernel(float* __restrict__ a, const float* __restrict__ b, int64_t S, int64_t F, float limit,
@@ -154,7 +111,14 @@ __global__ void swiglu_kernel(float* __restrict__ a, const float* __restrict__ b
   cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= S * F) return;
-  a[i] = swiglu_value(a[i], b[i], limit, weight ? weight[i / F] : 1.0f);
+  float g = a[i], u = b[i];
+  if (limit > 0) {
+    u = fminf(fmaxf(u, -limit), limit);
+    g = fminf(g, limit);
+  }
+  const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+  const float w = weight ? weight[i / F] : 1.0f;
+  a[i] = cuda::round_bf16(__fmul_rn(w, __fmul_rn(silu, u)));
 }
 
 __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ rows,
@@ -186,6 +150,39 @@ __device__ __forceinline__ float routed_sum_serial(const float* __restrict__ y, 
   return acc;
 }
 
+// routed_sum_serial for K <= kCombineMaxK: every row loaded at once (the loads do not depend on
+// the order), then added in ascending expert id through each row's rank among the ids, from
+// constant register indices: the same additions in the same order.
+constexpr int kCombineMaxK = 8;
+
+__device__ __forceinline__ float routed_sum_loaded(const float* __restrict__ y, const int32_t* __restrict__ e,
+                                                   int64_t t, int64_t K, int64_t D, int64_t d) {
+  int32_t id[kCombineMaxK];
+  float v[kCombineMaxK];
+#pragma unroll
+  for (int k = 0; k < kCombineMaxK; ++k) {
+    id[k] = k < K ? e[k] : 0;
+    v[k] = k < K ? y[(t * K + k) * D + d] : 0.0f;
+  }
+  int rank[kCombineMaxK];
+#pragma unroll
+  for (int k = 0; k < kCombineMaxK; ++k) {
+    rank[k] = 0;
+#pragma unroll
+    for (int j = 0; j < kCombineMaxK; ++j) rank[k] += j < K && id[j] < id[k] ? 1 : 0;
+  }
+  float acc = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kCombineMaxK; ++r) {
+    if (r >= K) break;
+    float pick = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kCombineMaxK; ++k) pick = k < K && rank[k] == r ? v[k] : pick;
+    acc = __fadd_rn(acc, pick);
+  }
+  return acc;
+}
+
 __global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t* __restrict__ experts,
                                       const float* __restrict__ shared, int64_t S, int64_t K, int64_t D, bool loaded,
                                       float* __restrict__ out) {
@@ -194,11 +191,9 @@ __global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t
   if (i >= S * D) return;
   const int64_t t = i / D, d = i % D;
   const float sh = shared[i];
-  if (loaded) {  // K <= kCombineMaxK: every row loaded at once, then added in the same order
-    out[i] = routed_output(RoutedOrder(experts + t * K, K), y + t * K * D + d, D, K, sh);
-    return;
-  }
-  out[i] = cuda::round_bf16(__fadd_rn(routed_sum_serial(y, experts + t * K, t, K, D, d), sh));
+  const float acc = loaded ? routed_sum_loaded(y, experts + t * K, t, K, D, d)
+                           : routed_sum_serial(y, experts + t * K, t, K, D, d);
+  out[i] = cuda::round_bf16(__fadd_rn(acc, sh));
 }
 
 cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
@@ -240,27 +235,6 @@ Status route_cuda(const ExecCtx& ctx, const float* logits, const float* bias, in
                       cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), smem,
                                          static_cast<cudaStream_t>(ctx.cuda_stream)},
                       logits, bias, E, k, norm_topk, route_scale, experts, weights);
-}
-
-bool router_route_supported(const Weight& w, const float* x, int64_t k) {
-  const bool wide16 = w.type == quant::GgmlType::kBF16 || w.type == quant::GgmlType::kF16;
-  return wide16 && w.rows > 0 && w.rows <= 32 && k > 0 && k <= w.rows && w.cols % 8 == 0 && w.row_bytes % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-}
-
-Status router_route_cuda(const ExecCtx& ctx, const Weight& w, const float* x, const float* bias, int64_t k,
-                         bool norm_topk, float route_scale, float* logits, int32_t* experts, float* weights,
-                         int32_t* counter) {
-  if (!router_route_supported(w, x, k)) {
-    return absl::UnimplementedError(absl::StrCat("router_route_cuda: no fused router for ", k, " of ", w.rows, " ",
-                                                 quant::traits(w.type).name, " rows of ", w.cols));
-  }
-  const RouterArgs a{w.data, static_cast<int64_t>(w.row_bytes), w.cols, x, bias, k, norm_topk, route_scale,
-                     logits, experts, weights, counter};
-  const cuda::LaunchParams lp{dim3(static_cast<unsigned>(w.rows)), dim3(kRouterThreads), 0,
-                              static_cast<cudaStream_t>(ctx.cuda_stream)};
-  if (w.type == quant::GgmlType::kBF16) return cuda::launch(router_route_kernel<quant::GgmlType::kBF16>, lp, a);
-  return cuda::launch(router_route_kernel<quant::GgmlType::kF16>, lp, a);
 }
 
 Status swiglu_cuda(const ExecCtx& ctx, float* a, const float* b, int64_t S, int64_t F, float limit,

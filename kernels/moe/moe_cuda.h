@@ -8,22 +8,12 @@
 
 #include "common/status.h"
 #include "kernels/exec.h"
-#include "kernels/linear/linear.h"
 
 namespace dsflash::kernels::moe {
 
 // experts[S][k], weights[S][k] = route() of each row of logits [S][E] with bias [E]. E <= 8192.
 Status route_cuda(const ExecCtx& ctx, const float* logits, const float* bias, int64_t S, int64_t E, int64_t k,
                   bool norm_topk, float route_scale, int32_t* experts, float* weights);
-
-// One token's router and routing in one launch: logits = W x as linear_cuda with fp32 output
-// (W: the router's [E][D] bf16 or f16 weight), then route_cuda of them, by the last of the E
-// CTAs to finish (`counter`: one int of device memory, zero before, left zero). Where
-// router_route_supported: E <= 32, 16-byte aligned rows and x, D a multiple of 8.
-bool router_route_supported(const Weight& w, const float* x, int64_t k);
-Status router_route_cuda(const ExecCtx& ctx, const Weight& w, const float* x, const float* bias, int64_t k,
-                         bool norm_topk, float route_scale, float* logits, int32_t* experts, float* weights,
-                         int32_t* counter);
 
 // a[t][*] = swiglu(a[t], b[t], F, limit, weight[t]) for t < S, a and b [S][F]; weight null = 1.
 Status swiglu_cuda(const ExecCtx& ctx, float* a, const float* b, int64_t S, int64_t F, float limit,

@@ -83,24 +83,4 @@ __device__ __forceinline__ void rms_norm_row(const float* x, const float* __rest
   rms_scale_row<kThreads>(x, w, n, ss, eps, y);
 }
 
-// rms_norm_row<kRowThreads>'s values (rows of at most kRowThreads * kRowRegs values) computed by
-// a block of kThreads >= kRowThreads threads, those past kRowThreads holding nothing: their warp
-// sums are zeros, which block_sum<kThreads> adds in the places block_sum<kRowThreads> holds
-// zeros, so the same sum bit for bit. x is read through L2 (__ldcg: other CTAs of the running
-// kernel may have written it). x may be y.
-template <int kRowThreads, int kThreads>
-__device__ __forceinline__ void rms_norm_row_by_more(const float* x, const float* __restrict__ w, int64_t n, float eps,
-                                                     float* y) {
-  static_assert(kThreads >= kRowThreads && kThreads <= 1024);
-  const int vt = threadIdx.x < kRowThreads ? static_cast<int>(threadIdx.x) : kRowThreads * kRowRegs;  // past n: none
-  float xs[kRowRegs];
-#pragma unroll
-  for (int k = 0; k < kRowRegs; ++k) {
-    const int64_t i = vt + static_cast<int64_t>(k) * kRowThreads;
-    xs[k] = i < n ? __ldcg(x + i) : 0.0f;
-  }
-  __shared__ float part[kThreads / 32];
-  rms_scale_regs_by<kRowThreads>(xs, w, n, eps, y, vt, [&](float v) { return block_sum<kThreads>(v, part); });
-}
-
 }  // namespace dsflash::kernels::cuda

@@ -6,18 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
-#include <string>
 #include <utility>
 
 #include "gtest/gtest.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_cuda.h"
-#include "kernels/moe/moe_cuda.h"
-#include "kernels/norm/norm_cuda.h"
 
 namespace dsflash::kernels {
 namespace {
@@ -541,152 +537,6 @@ TEST_P(LinearCuda, ExpertGateAndUpMatchCpu) {
   }
   cudaStreamDestroy(s);
   for (void* p : std::initializer_list<void*>{dg, du, dx, di, dyg, dyu}) cudaFree(p);
-}
-
-// The routed experts' launches that finish their tiles (SwiGLU after gate and up, the MoE
-// output after down) against the separate launches, bit for bit: the released shapes and others
-// (gate and up alone on 17 rows: a partial tile), with and without the clamp, two rounds on the
-// same counters (each launch must leave them zero). Under DSF_GEMV_MMA=0 they are refused.
-TEST(LinearCudaFinish, ExpertsFinishEqualsTheSeparateLaunches) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  struct Shape {
-    int64_t D, F;
-    int n;
-    float limit;
-  };
-  for (const Shape& sh : {Shape{5120, 2304, 6, 10.0f}, Shape{1280, 768, 8, 0.0f}, Shape{512, 17, 1, 7.0f}}) {
-    const int64_t D = sh.D, F = sh.F, E = 9;
-    const int n = sh.n;
-    const uint64_t rb_gu = *quant::row_bytes(GgmlType::kQ2_K, D), rb_d = *quant::row_bytes(GgmlType::kQ3_K, (F + 255) / 256 * 256);
-    std::mt19937 rng(401 + static_cast<int>(F));
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    const auto encode = [&](GgmlType type, int64_t cols, int64_t rows, uint64_t rb) {
-      std::vector<float> wf(static_cast<size_t>(cols * rows * E));
-      for (float& v : wf) v = nd(rng) * 4.0f / std::sqrt(static_cast<float>(cols));
-      std::vector<uint8_t> bytes(rb * rows * E);
-      EXPECT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), cols * rows * E).ok());
-      return bytes;
-    };
-    const bool with_down = F % 256 == 0;  // down's input is F wide
-    const std::vector<uint8_t> gate = encode(GgmlType::kQ2_K, D, F, rb_gu), up = encode(GgmlType::kQ2_K, D, F, rb_gu),
-                               down = with_down ? encode(GgmlType::kQ3_K, F, D, rb_d) : std::vector<uint8_t>(rb_d * D * E);
-    std::vector<float> x(D), shared(D), weights(n);
-    for (float& v : x) v = quant::round_bf16(nd(rng));
-    for (float& v : shared) v = quant::round_bf16(nd(rng));
-    for (float& v : weights) v = std::fabs(nd(rng));
-    std::vector<int32_t> ids = {7, 0, 3, 8, 5, 1, 2, 4};
-    ids.resize(n);
-    const std::vector<int32_t> expert_ids = {70, 0, 30, 80, 50, 10, 20, 40};  // the summation order: ids' order
-    uint8_t *dg = to_device(gate), *du = to_device(up), *dd = to_device(down);
-    float *dx = to_device(x), *dsh = to_device(shared), *dw = to_device(weights);
-    int32_t *di = to_device(ids), *de = to_device(std::vector<int32_t>(expert_ids.begin(), expert_ids.begin() + n));
-    const int64_t n_counters = experts_finish_counters(std::max(D, F), n);
-    int32_t* dc = to_device(std::vector<int32_t>(n_counters, 0));
-    const std::vector<float> poison(std::max(D, F) * n, std::nanf(""));
-    float *a = to_device(poison), *b = to_device(poison), *ye = to_device(poison), *out = to_device(poison);
-    float *a2 = to_device(poison), *b2 = to_device(poison), *ye2 = to_device(poison), *out2 = to_device(poison);
-    cudaStream_t s;
-    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    const ExecCtx ctx{Backend::kCuda, s};
-    const Weight wg{GgmlType::kQ2_K, D, F, dg, rb_gu}, wu{GgmlType::kQ2_K, D, F, du, rb_gu};
-    Weight wd{GgmlType::kQ3_K, F, D, dd, rb_d};
-    const int64_t eb_gu = static_cast<int64_t>(rb_gu * F), eb_d = static_cast<int64_t>(rb_d * D);
-    const ExpertsFinish f{dc, n_counters};
-    const char* mma = std::getenv("DSF_GEMV_MMA");
-    if (mma != nullptr && std::string(mma) == "0") {  // the fp32 kernels only: no finishing launch
-      EXPECT_FALSE(linear_experts_finish_supported(wg, eb_gu, wu, eb_gu, wd, eb_d, n));
-      EXPECT_FALSE(linear_experts_swiglu_cuda(ctx, wg, eb_gu, wu, eb_gu, di, n, dx, a2, b2, sh.limit, dw, f).ok());
-      cudaStreamDestroy(s);
-      continue;  // (the device buffers go with the process)
-    }
-    ASSERT_EQ(linear_experts_finish_supported(wg, eb_gu, wu, eb_gu, wd, eb_d, n), with_down);
-    // The separate launches.
-    ASSERT_TRUE(linear_experts_gate_up_cuda(ctx, wg, eb_gu, wu, eb_gu, di, n, dx, a, b, F).ok());
-    ASSERT_TRUE(moe::swiglu_cuda(ctx, a, b, n, F, sh.limit, dw).ok());
-    if (with_down) {
-      ASSERT_TRUE(linear_experts_cuda(ctx, wd, eb_d, di, n, a, F, ye, D).ok());
-      ASSERT_TRUE(moe::combine_routed_cuda(ctx, ye, de, dsh, 1, n, D, out).ok());
-    }
-    for (int round = 0; round < 2; ++round) {
-      ASSERT_TRUE(linear_experts_swiglu_cuda(ctx, wg, eb_gu, wu, eb_gu, di, n, dx, a2, b2, sh.limit, dw, f).ok());
-      if (with_down) ASSERT_TRUE(linear_experts_combine_cuda(ctx, wd, eb_d, di, n, a2, ye2, de, dsh, out2, f).ok());
-      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      const auto host = [](const float* p, size_t m) { return testing::to_host(p, m); };
-      const std::vector<float> want_a = host(a, F * n), got_a = host(a2, F * n);
-      const std::vector<float> want = host(out, D), got = host(out2, D);
-      for (int64_t i = 0; i < F * n; ++i) {
-        ASSERT_EQ(std::memcmp(&want_a[i], &got_a[i], 4), 0) << "F=" << F << " SwiGLU value " << i << " round " << round;
-      }
-      for (int64_t i = 0; with_down && i < D; ++i) {
-        ASSERT_EQ(std::memcmp(&want[i], &got[i], 4), 0) << "D=" << D << " MoE output " << i << " round " << round;
-      }
-      std::vector<int32_t> counters(n_counters);
-      ASSERT_EQ(cudaMemcpy(counters.data(), dc, n_counters * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-      ASSERT_EQ(std::count(counters.begin(), counters.end(), 0), n_counters) << "counters left non-zero";
-      ASSERT_EQ(cudaMemcpy(out2, poison.data(), D * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    }
-    // Too few counters: refused with the reason.
-    if (!with_down) wd = Weight{GgmlType::kQ3_K, 256, D, dd, rb_d};
-    const Status few = linear_experts_combine_cuda(ctx, wd, eb_d, di, n, a2, ye2, de, dsh, out2, ExpertsFinish{dc, 1});
-    EXPECT_FALSE(few.ok());
-    EXPECT_NE(few.message().find("tile counters"), std::string::npos) << few.message();
-    cudaStreamDestroy(s);
-    for (void* p : std::initializer_list<void*>{dg, du, dd, dx, dsh, dw, di, de, dc, a, b, ye, out, a2, b2, ye2, out2}) {
-      cudaFree(p);
-    }
-  }
-}
-
-// One token's GEMV whose last CTA normalises its output (wq_a and q_norm) against the GEMV and
-// rms_norm_cuda, bit for bit, twice on the same counter (left zero); refused under
-// DSF_GEMV_MMA=0 and for outputs of 2,048 values or more.
-TEST(LinearCudaFinish, GemvWithNormEqualsTheTwoLaunches) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const char* mma = std::getenv("DSF_GEMV_MMA");
-  const bool fp32_only = mma != nullptr && std::string(mma) == "0";
-  for (const GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
-    for (const auto& [K, N] : {std::pair<int64_t, int64_t>{256, 17}, {5120, 1280}, {2304, 2047}, {1024, 2048}}) {
-      const uint64_t rb = *quant::row_bytes(type, K);
-      std::mt19937 rng(503 + static_cast<int>(K + N));
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::vector<float> wf(static_cast<size_t>(K * N)), x(K), g(N);
-      for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
-      for (float& v : x) v = quant::round_bf16(nd(rng));
-      for (float& v : g) v = quant::round_bf16(1.0f + 0.1f * nd(rng));
-      std::vector<uint8_t> bytes(rb * N);
-      ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N).ok());
-      uint8_t* dw = to_device(bytes);
-      float *dx = to_device(x), *dg = to_device(g);
-      float *y1 = to_device(std::vector<float>(N, std::nanf(""))), *y2 = to_device(std::vector<float>(N, std::nanf("")));
-      int32_t* counter = to_device(std::vector<int32_t>{0});
-      cudaStream_t s;
-      ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-      const ExecCtx ctx{Backend::kCuda, s};
-      const Weight w{type, K, N, dw, rb};
-      const bool supported = !fp32_only && N < 2048;
-      ASSERT_EQ(linear_norm_supported(w, dx), supported) << "N=" << N;
-      if (!supported) {
-        const Status refused = linear_norm_cuda(ctx, w, dx, y2, dg, 1e-6f, counter);
-        EXPECT_NE(refused.message().find("no tensor-core GEMV with a norm"), std::string::npos) << refused.message();
-      } else {
-        ASSERT_TRUE(linear_cuda(ctx, w, dx, 1, y1).ok());
-        ASSERT_TRUE(rms_norm_cuda(ctx, y1, dg, 1, N, 1e-6f, y1).ok());
-        for (int round = 0; round < 2; ++round) {
-          ASSERT_TRUE(linear_norm_cuda(ctx, w, dx, y2, dg, 1e-6f, counter).ok());
-          ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-          const std::vector<float> want = testing::to_host(y1, N), got = testing::to_host(y2, N);
-          for (int64_t i = 0; i < N; ++i) {
-            ASSERT_EQ(std::memcmp(&want[i], &got[i], 4), 0) << "N=" << N << " value " << i << ": " << got[i] << " vs " << want[i];
-          }
-          int32_t c = -1;
-          ASSERT_EQ(cudaMemcpy(&c, counter, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-          ASSERT_EQ(c, 0) << "counter left non-zero";
-        }
-      }
-      cudaStreamDestroy(s);
-      for (void* p : std::initializer_list<void*>{dw, dx, dg, y1, y2, counter}) cudaFree(p);
-    }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,

@@ -24,7 +24,6 @@
 #include "kernels/hc/hc.h"
 #include "kernels/hc/hc_cuda.h"
 #include "kernels/linear/linear.h"
-#include "kernels/linear/linear_cuda.h"
 #include "kernels/moe/moe.h"
 #include "kernels/moe/moe_cuda.h"
 #include "kernels/norm/norm_cuda.h"
@@ -446,54 +445,6 @@ TEST_F(ModelOpsCuda, RoutingAndSwigluMatchCpu) {
     for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(quant::f32_bits(got[i]), quant::f32_bits(want[i])) << i;
   }
   sw.check("swiglu");
-}
-
-// One token's router GEMV and routing in one launch (the last CTA routes) against the two
-// launches, bit for bit: logits, experts and weights; twice on the same counter, which each
-// launch must leave zero. More than 32 experts are refused.
-TEST_F(ModelOpsCuda, FusedRouterEqualsTheTwoLaunches) {
-  std::mt19937 rng(12);
-  for (const quant::GgmlType type : {quant::GgmlType::kBF16, quant::GgmlType::kF16}) {
-    for (const auto& [E, K, D] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 256}, {16, 6, 5120}, {17, 3, 264},
-                                  {32, 8, 2048}}) {
-      const std::vector<float> wf = bf16_normal(rng, E * D, 0.05f), x = bf16_normal(rng, D), bias = bf16_normal(rng, E, 0.1f);
-      const uint64_t rb = *quant::row_bytes(type, D);
-      std::vector<uint8_t> bytes(rb * E);
-      ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), E * D).ok());
-      const Weight w{type, D, E, dev(bytes), rb};
-      const float *dx = dev(x), *db = dev(bias);
-      float* logits = dev(nan_vec(E));
-      int32_t* de = dev(std::vector<int32_t>(K, -1));
-      float* dw = dev(nan_vec(K));
-      ASSERT_TRUE(linear_cuda(ctx(), w, dx, 1, logits, OutRound::kF32).ok());
-      ASSERT_TRUE(moe::route_cuda(ctx(), logits, db, 1, E, K, true, 2.5f, de, dw).ok());
-      sync();
-      const std::vector<float> want_z = to_host(logits, E), want_w = to_host(dw, K);
-      const std::vector<int32_t> want_e = copy_back(de, K);
-      int32_t* counter = dev(std::vector<int32_t>{0});
-      ASSERT_TRUE(moe::router_route_supported(w, dx, K));
-      for (int round = 0; round < 2; ++round) {
-        float* z2 = dev(nan_vec(E));
-        int32_t* e2 = dev(std::vector<int32_t>(K, -1));
-        float* w2 = dev(nan_vec(K));
-        ASSERT_TRUE(moe::router_route_cuda(ctx(), w, dx, db, K, true, 2.5f, z2, e2, w2, counter).ok());
-        sync();
-        const std::vector<float> got_z = to_host(z2, E), got_w = to_host(w2, K);
-        for (int64_t e = 0; e < E; ++e) ASSERT_EQ(quant::f32_bits(got_z[e]), quant::f32_bits(want_z[e])) << "logit " << e;
-        EXPECT_EQ(copy_back(e2, K), want_e) << "E=" << E;
-        for (int64_t k = 0; k < K; ++k) ASSERT_EQ(quant::f32_bits(got_w[k]), quant::f32_bits(want_w[k])) << "weight " << k;
-        EXPECT_EQ(copy_back(counter, 1)[0], 0) << "counter left non-zero";
-      }
-    }
-  }
-  const std::vector<float> wf = bf16_normal(rng, 33 * 256, 0.05f);
-  std::vector<uint8_t> bytes(*quant::row_bytes(quant::GgmlType::kBF16, 256) * 33);
-  ASSERT_TRUE(quant::encode_row(quant::GgmlType::kBF16, wf.data(), bytes.data(), 33 * 256).ok());
-  const Weight w33{quant::GgmlType::kBF16, 256, 33, dev(bytes), 512};
-  const float* dx = dev(bf16_normal(rng, 256));
-  EXPECT_FALSE(moe::router_route_supported(w33, dx, 6));
-  const Status refused = moe::router_route_cuda(ctx(), w33, dx, nullptr, 6, true, 1.0f, nullptr, nullptr, nullptr, nullptr);
-  EXPECT_NE(refused.message().find("no fused router for 6 of 33"), std::string::npos) << refused.message();
 }
 
 TEST_F(ModelOpsCuda, EngramGateAndSplitMatchCpu) {
