@@ -387,34 +387,11 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
-  // One x for every product (x_stride 0): a grid of at most one wave whose CTAs split x once
-  // and take the (product, tile) pairs u = blockIdx.x, + gridDim.x, ... (tiles a product).
-  bool strided;
-  int64_t tiles;
 };
-
-template <class Block, int kSlices>
-__device__ __forceinline__ void experts_strided(const ExpertMma& b) {
-  const XDigits x = split_x<Block::kSub>(b.p.x, b.n_blocks);
-  const int64_t units = b.tiles * (b.w2 != nullptr ? 2 * b.n : b.n);
-  for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-    LinearParams p = b.p;
-    int k = static_cast<int>(u / b.tiles);
-    int64_t stride = b.expert_bytes;
-    if (k >= b.n) k -= b.n, p.w = b.w2, p.y = b.y2, stride = b.expert_bytes2;
-    p.w += static_cast<int64_t>(b.ids[k]) * stride;
-    p.y += k * b.y_stride;
-    mma_rows<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, u % b.tiles);
-  }
-}
 
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
-  if (b.strided) {
-    experts_strided<Block, kSlices>(b);
-    return;
-  }
   LinearParams p = b.p;
   int k = blockIdx.y;
   int64_t stride = b.expert_bytes;
@@ -455,14 +432,7 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
   ASSIGN_OR_RETURN(const int per_sm, resident_ctas(reinterpret_cast<const void*>(K<kSlices>::fn), kCtaWarps * 32, smem));
   const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sm_count());
   arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, (tiles * n + wave - 1) / wave));  // >= 1: rows may be 0
-  int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;
-  if constexpr (requires { arg.strided; }) {
-    if (arg.strided) {  // one x: at most a wave of CTAs over every (product, tile) pair
-      arg.tiles = tiles;
-      ctas = std::max<int64_t>(1, std::min(wave, tiles * n));
-      n = 1;
-    }
-  }
+  const int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;
   return cuda::launch(K<kSlices>::fn,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(n)),
                                          dim3(kCtaWarps * 32), smem, st},
@@ -579,10 +549,7 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  // DSF_MMA_STRIDED=1 (measurement): launches on one x (gate and up) as ExpertMma::strided.
-  static const bool strided = env_int("DSF_MMA_STRIDED", 0) != 0;
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1,
-                    strided && x_stride == 0, 0};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
