@@ -269,6 +269,62 @@ struct Q3KBlock {
   }
 };
 
+// Q3_K as Q6KBlock multiplies: one mma.m16n8k16 a 16-column sub-block s = 8n + 2j + h, lane t
+// taking l = 16h + 4t .. 4t + 3 of (n, j)'s 32 columns (A: the codes c, 0..7, as they are), its
+// int32 result scaled by u_s - 32 in int32; the -4 as in Q3KBlock (the mins' mma). The int32
+// sums are Q3KBlock's exactly, so the products are too, bit for bit. 16 + 1 mmas a block
+// instead of 24 + 1 of m16n8k32, no scale-folded code products. Taken by the routed experts'
+// down under DSF_Q3K_K16=1 (for measurement; not yet measured).
+struct Q3KBlock16 {
+  static constexpr int kBytes = 110, kSub = 16;
+  struct Row {
+    __device__ __forceinline__ Row(const uint8_t* blk, int t) {
+      Q3KRow::scales(blk, u);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        hm[h] = Q3KRow::word(blk + 16 * h + 4 * t);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) qs[n][h] = Q3KRow::word(blk + 32 + 32 * n + 16 * h + 4 * t);
+      }
+      d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
+    }
+    __device__ __forceinline__ uint32_t codes(int n, int h, int j) const {
+      return ((qs[n][h] >> (2 * j)) & 0x03030303u) | (((hm[h] >> (4 * n + j)) & 0x01010101u) << 2);
+    }
+    __device__ __forceinline__ int scale(int s) const { return byte_of(u[s / 4], s % 4) - 32; }
+    uint32_t u[4], qs[2][2], hm[2];
+    float d;
+  };
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    const Row ra(ba, ln.t), rb(bb, ln.t);
+    int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int s = 8 * n + 2 * j + h;
+          const uint32_t xv =
+              ln.g < kDigits ? *reinterpret_cast<const uint32_t*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 16 * h + 4 * ln.t)
+                             : 0u;
+          int d[4] = {0, 0, 0, 0};
+          mma_s8_k16(d, ra.codes(n, h, j), rb.codes(n, h, j), xv);
+          const int ca = ra.scale(s), cb = rb.scale(s);
+          va0 += ca * d[0], va1 += ca * d[1], vb0 += cb * d[2], vb1 += cb * d[3];
+        }
+      }
+    }
+    int g[4] = {0, 0, 0, 0};
+    mma_s8(g, __vsub4(word_at(ra.u, ln.t), 0x20202020u), __vsub4(word_at(rb.u, ln.t), 0x20202020u), 0u, 0u,
+           make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
+    const float S = x.scale[xblk];
+    *acc_a += S * ra.d * (ln.digits(va0, va1) - 4.0f * ln.mins(g[0], g[1]));
+    *acc_b += S * rb.d * (ln.digits(vb0, vb1) - 4.0f * ln.mins(g[2], g[3]));
+  }
+};
+
 // Q6_K (210-byte blocks, 2-byte aligned: ql[128], qh[64], 16 signed 8-bit scales, d). Column
 // 128n + 32j + l has code q = (nibble j / 2 of ql[64n + 32 (j % 2) + l]) | (bits 2j, 2j + 1 of
 // qh[32n + l]) << 4 in sub-block s = 8n + 2j + l / 16, value d sc_s (q - 32). A scale times a
@@ -487,6 +543,10 @@ template <int kSlices>
 struct Q3KExpertsMma {
   static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
 };
+template <int kSlices>
+struct Q3K16ExpertsMma {
+  static constexpr auto fn = experts_mma_kernel<Q3KBlock16, kSlices>;
+};
 
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 1 the tensor cores from ~4k (16-row
 // group, block) pairs a launch, else (default 2) the tensor cores at every size.
@@ -552,6 +612,8 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  static const bool k16 = env_int("DSF_Q3K_K16", 0) != 0;  // measurement: Q3KBlock16
+  if (type == quant::GgmlType::kQ3_K && k16) return launch_mma<Q3K16ExpertsMma>(p.rows, b.n_blocks, products, st, b);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
   return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }

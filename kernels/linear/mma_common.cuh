@@ -167,11 +167,15 @@ struct Q3KRow {
     const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
     return h[0] | (static_cast<uint32_t>(h[1]) << 16);
   }
-  __device__ __forceinline__ Q3KRow(const uint8_t* blk, int t) {
+  // The block's 16 unsigned 6-bit scales, four a word (sub-block s: byte s % 4 of u[s / 4]).
+  __device__ __forceinline__ static void scales(const uint8_t* blk, uint32_t (&u)[4]) {
     const uint32_t w0 = word(blk + 96), w1 = word(blk + 100), w2 = word(blk + 104);
     const uint32_t lo[4] = {w0 & 0x0f0f0f0fu, w1 & 0x0f0f0f0fu, (w0 >> 4) & 0x0f0f0f0fu, (w1 >> 4) & 0x0f0f0f0fu};
 #pragma unroll
     for (int k = 0; k < 4; ++k) u[k] = lo[k] | (((w2 >> (2 * k)) & 0x03030303u) << 4);
+  }
+  __device__ __forceinline__ Q3KRow(const uint8_t* blk, int t) {
+    scales(blk, u);
 #pragma unroll
     for (int n = 0; n < 2; ++n) q[n][0] = word(blk + 32 + 32 * n + 8 * t), q[n][1] = word(blk + 36 + 32 * n + 8 * t);
     h[0] = word(blk + 8 * t), h[1] = word(blk + 8 * t + 4);
