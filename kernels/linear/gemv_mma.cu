@@ -269,6 +269,33 @@ struct Q3KBlock {
   }
 };
 
+// The 16 sub-blocks (16 columns each) of two rows' 256-column blocks on mma.m16n8k16, one a
+// sub-block s = 8n + 2j + h: lane t's A is rows a and b's codes(n, h, j) at columns 16h + 4t ..
+// 4t + 3 of (n, j)'s 32 (k = 4t..), B x's digits there; each int32 result is scaled by the
+// row's scale(s) in int32. v: row a's sums for digits 2t, 2t + 1, then row b's (Lane::digits).
+template <class Row>
+__device__ __forceinline__ void k16_subblocks(const Row& ra, const Row& rb, const XDigits& x, int64_t xblk,
+                                              const Lane& ln, int (&v)[4]) {
+  v[0] = v[1] = v[2] = v[3] = 0;
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int s = 8 * n + 2 * j + h;
+        const uint32_t xv =
+            ln.g < kDigits ? *reinterpret_cast<const uint32_t*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 16 * h + 4 * ln.t)
+                           : 0u;
+        int d[4] = {0, 0, 0, 0};
+        mma_s8_k16(d, ra.codes(n, h, j), rb.codes(n, h, j), xv);
+        const int ca = ra.scale(s), cb = rb.scale(s);
+        v[0] += ca * d[0], v[1] += ca * d[1], v[2] += cb * d[2], v[3] += cb * d[3];
+      }
+    }
+  }
+}
+
 // Q3_K as Q6KBlock multiplies: one mma.m16n8k16 a 16-column sub-block s = 8n + 2j + h, lane t
 // taking l = 16h + 4t .. 4t + 3 of (n, j)'s 32 columns (A: the codes c, 0..7, as they are), its
 // int32 result scaled by u_s - 32 in int32; the -4 as in Q3KBlock (the mins' mma). The int32
@@ -298,30 +325,14 @@ struct Q3KBlock16 {
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
     const Row ra(ba, ln.t), rb(bb, ln.t);
-    int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int s = 8 * n + 2 * j + h;
-          const uint32_t xv =
-              ln.g < kDigits ? *reinterpret_cast<const uint32_t*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 16 * h + 4 * ln.t)
-                             : 0u;
-          int d[4] = {0, 0, 0, 0};
-          mma_s8_k16(d, ra.codes(n, h, j), rb.codes(n, h, j), xv);
-          const int ca = ra.scale(s), cb = rb.scale(s);
-          va0 += ca * d[0], va1 += ca * d[1], vb0 += cb * d[2], vb1 += cb * d[3];
-        }
-      }
-    }
+    int v[4];
+    k16_subblocks(ra, rb, x, xblk, ln, v);
     int g[4] = {0, 0, 0, 0};
     mma_s8(g, __vsub4(word_at(ra.u, ln.t), 0x20202020u), __vsub4(word_at(rb.u, ln.t), 0x20202020u), 0u, 0u,
            make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
     const float S = x.scale[xblk];
-    *acc_a += S * ra.d * (ln.digits(va0, va1) - 4.0f * ln.mins(g[0], g[1]));
-    *acc_b += S * rb.d * (ln.digits(vb0, vb1) - 4.0f * ln.mins(g[2], g[3]));
+    *acc_a += S * ra.d * (ln.digits(v[0], v[1]) - 4.0f * ln.mins(g[0], g[1]));
+    *acc_b += S * rb.d * (ln.digits(v[2], v[3]) - 4.0f * ln.mins(g[2], g[3]));
   }
 };
 
@@ -373,27 +384,11 @@ struct Q6KBlock {
   __device__ __forceinline__ static void add_rows(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                                   const Lane& ln, float* acc_a, float* acc_b) {
     const Row<kAligned> ra(ba, ln.t), rb(bb, ln.t);
-    int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int s = 8 * n + 2 * j + h;
-          const uint32_t xv =
-              ln.g < kDigits ? *reinterpret_cast<const uint32_t*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 16 * h + 4 * ln.t)
-                             : 0u;
-          int d[4] = {0, 0, 0, 0};
-          mma_s8_k16(d, ra.codes(n, h, j), rb.codes(n, h, j), xv);
-          const int ca = ra.scale(s), cb = rb.scale(s);
-          va0 += ca * d[0], va1 += ca * d[1], vb0 += cb * d[2], vb1 += cb * d[3];
-        }
-      }
-    }
+    int v[4];
+    k16_subblocks(ra, rb, x, xblk, ln, v);
     const float S = x.scale[xblk];
-    *acc_a += S * ra.d * ln.digits(va0, va1);
-    *acc_b += S * rb.d * ln.digits(vb0, vb1);
+    *acc_a += S * ra.d * ln.digits(v[0], v[1]);
+    *acc_b += S * rb.d * ln.digits(v[2], v[3]);
   }
   // Word loads where every lane's two blocks are 4-byte aligned (a block's words share its
   // alignment; with rows of an even number of blocks, the released model's, they all are or
