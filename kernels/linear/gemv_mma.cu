@@ -257,15 +257,23 @@ struct Q3KBlock {
         mma_s8(vc, ca0, cb0, ca1, cb1, xv);
       }
     }
-    // The -4 offset: (u_s - 32) times the digit sums, on one more mma (A row r's k = s: its
-    // signed scales, bytewise; B mins_table<16>'s operand).
+    const auto total = [&](int i) { return 8 * vh[i] + vl[i] - 32 * vc[i]; };
+    const int v[4] = {total(0), total(1), total(2), total(3)};
+    finish(ra.u, rb.u, ra.d, rb.d, v, x, xblk, ln, acc_a, acc_b);
+  }
+  // Rows a and b's block from v, the lane's int32 sums of (u_s - 32) c x (v[0], v[1]: row a's
+  // digits 2t, 2t + 1; v[2], v[3]: row b's): the -4 offset, (u_s - 32) times the digit sums, on
+  // one more mma (A row r's k = s: its signed scales u, bytewise; B mins_table<16>'s operand),
+  // then d and the block's scale S.
+  __device__ __forceinline__ static void finish(const uint32_t (&ua)[4], const uint32_t (&ub)[4], float da, float db,
+                                                const int (&v)[4], const XDigits& x, int64_t xblk, const Lane& ln,
+                                                float* acc_a, float* acc_b) {
     int g[4] = {0, 0, 0, 0};
-    mma_s8(g, __vsub4(word_at(ra.u, ln.t), 0x20202020u), __vsub4(word_at(rb.u, ln.t), 0x20202020u), 0u, 0u,
+    mma_s8(g, __vsub4(word_at(ua, ln.t), 0x20202020u), __vsub4(word_at(ub, ln.t), 0x20202020u), 0u, 0u,
            make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
     const float S = x.scale[xblk];
-    const auto total = [&](int i) { return 8 * vh[i] + vl[i] - 32 * vc[i]; };
-    *acc_a += S * ra.d * (ln.digits(total(0), total(1)) - 4.0f * ln.mins(g[0], g[1]));
-    *acc_b += S * rb.d * (ln.digits(total(2), total(3)) - 4.0f * ln.mins(g[2], g[3]));
+    *acc_a += S * da * (ln.digits(v[0], v[1]) - 4.0f * ln.mins(g[0], g[1]));
+    *acc_b += S * db * (ln.digits(v[2], v[3]) - 4.0f * ln.mins(g[2], g[3]));
   }
 };
 
@@ -315,9 +323,7 @@ struct Q3KBlock16 {
       }
       d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
     }
-    __device__ __forceinline__ uint32_t codes(int n, int h, int j) const {
-      return ((qs[n][h] >> (2 * j)) & 0x03030303u) | (((hm[h] >> (4 * n + j)) & 0x01010101u) << 2);
-    }
+    __device__ __forceinline__ uint32_t codes(int n, int h, int j) const { return Q3KRow::codes_of(qs[n][h], hm[h], n, j); }
     __device__ __forceinline__ int scale(int s) const { return byte_of(u[s / 4], s % 4) - 32; }
     uint32_t u[4], qs[2][2], hm[2];
     float d;
@@ -327,12 +333,7 @@ struct Q3KBlock16 {
     const Row ra(ba, ln.t), rb(bb, ln.t);
     int v[4];
     k16_subblocks(ra, rb, x, xblk, ln, v);
-    int g[4] = {0, 0, 0, 0};
-    mma_s8(g, __vsub4(word_at(ra.u, ln.t), 0x20202020u), __vsub4(word_at(rb.u, ln.t), 0x20202020u), 0u, 0u,
-           make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
-    const float S = x.scale[xblk];
-    *acc_a += S * ra.d * (ln.digits(v[0], v[1]) - 4.0f * ln.mins(g[0], g[1]));
-    *acc_b += S * rb.d * (ln.digits(v[2], v[3]) - 4.0f * ln.mins(g[2], g[3]));
+    Q3KBlock::finish(ra.u, rb.u, ra.d, rb.d, v, x, xblk, ln, acc_a, acc_b);
   }
 };
 

@@ -182,9 +182,11 @@ struct Q3KRow {
     d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
   }
   __device__ __forceinline__ int scale(int s) const { return byte_of(u[s / 4], s % 4); }
-  __device__ __forceinline__ uint32_t codes(int n, int j, int w) const {
-    return ((q[n][w] >> (2 * j)) & 0x03030303u) | (((h[w] >> (4 * n + j)) & 0x01010101u) << 2);
+  // Four codes, bytewise, of 128-column half n and bit pair j, from their qs word and hmask word.
+  __device__ __forceinline__ static uint32_t codes_of(uint32_t qs, uint32_t hm, int n, int j) {
+    return ((qs >> (2 * j)) & 0x03030303u) | (((hm >> (4 * n + j)) & 0x01010101u) << 2);
   }
+  __device__ __forceinline__ uint32_t codes(int n, int j, int w) const { return codes_of(q[n][w], h[w], n, j); }
   uint32_t u[4], q[2][2], h[2];
   float d;
 };
