@@ -312,6 +312,9 @@ __device__ __forceinline__ void k16_subblocks(const Row& ra, const Row& rb, cons
 // down under DSF_Q3K_K16=1 (for measurement; not yet measured).
 struct Q3KBlock16 {
   static constexpr int kBytes = 110, kSub = 16;
+  // Resident warps a SM it is compiled for (experts_mma_held_kernel): 64 registers, no spills,
+  // 4 CTAs of 8 warps (80 registers and 3 CTAs as ptxas chooses).
+  static constexpr int kMinWarps = 32;
   struct Row {
     __device__ __forceinline__ Row(const uint8_t* blk, int t) {
       Q3KRow::scales(blk, u);
@@ -411,6 +414,20 @@ __host__ __device__ constexpr int cta_warps() {
   return kSlices > kWarps ? kSlices : kWarps;
 }
 
+// The CTAs a SM a "held" kernel (experts_mma_held_kernel, dense_mma_held_kernel) of kSlices
+// is compiled to hold at once for kHeldWarps resident warps a SM (__launch_bounds__' second
+// argument; ptxas then holds the registers to what fits).
+template <int kHeldWarps, int kSlices>
+__host__ __device__ constexpr int min_ctas() {
+  return kHeldWarps / cta_warps<kSlices>() > 1 ? kHeldWarps / cta_warps<kSlices>() : 1;
+}
+
+// Q2KBlock compiled for 40 resident warps a SM (5 CTAs of 8: 48 registers, 24 bytes of
+// spills) instead of 32; taken under DSF_Q2K_CTAS=5 (measurement).
+struct Q2KBlock5 : Q2KBlock {
+  static constexpr int kMinWarps = 40;
+};
+
 // Products of one shape, each its own weights and x (blockIdx.y picks one).
 struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
@@ -419,11 +436,26 @@ struct MmaBatch {
 };
 
 template <class Block, int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(const __grid_constant__ MmaBatch b) {
+__device__ __forceinline__ void dense_mma(const MmaBatch& b) {
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
+}
+
+template <class Block, int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(const __grid_constant__ MmaBatch b) {
+  dense_mma<Block, kSlices>(b);
+}
+
+// Compiled for 40 resident warps a SM (5 CTAs of 8 warps: 48 registers; Q6_K at 2..8 slices
+// without spills, was 70 and 3 CTAs; Q4_K with 36 bytes of spills, was 64 and 4 CTAs); taken
+// under DSF_DENSE_HELD (measurement: 1 Q6_K, 2 Q4_K, 3 both).
+constexpr int kDenseHeldWarps = 40;
+template <class Block, int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, (min_ctas<kDenseHeldWarps, kSlices>()))
+    dense_mma_held_kernel(const __grid_constant__ MmaBatch b) {
+  dense_mma<Block, kSlices>(b);
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
@@ -442,7 +474,7 @@ struct ExpertMma {
 };
 
 template <class Block, int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
+__device__ __forceinline__ void experts_mma(const ExpertMma& b) {
   cuda::await_inputs();
   LinearParams p = b.p;
   int k = blockIdx.y;
@@ -453,6 +485,20 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(
   p.y += k * b.y_stride;
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
+}
+
+// Registers as ptxas chooses them (a second __launch_bounds__ argument of 1 would let it take
+// more: the Q2_K kernel 61 -> 79 once, a CTA fewer a SM).
+template <class Block, int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
+  experts_mma<Block, kSlices>(b);
+}
+
+// Registers held to what Block::kMinWarps resident warps a SM allow.
+template <class Block, int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, (min_ctas<Block::kMinWarps, kSlices>()))
+    experts_mma_held_kernel(const __grid_constant__ ExpertMma b) {
+  experts_mma<Block, kSlices>(b);
 }
 
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
@@ -531,9 +577,20 @@ struct DenseMma {
     static constexpr auto fn = dense_mma_kernel<Block, kSlices>;
   };
 };
+template <class Block>
+struct DenseMmaHeld {
+  template <int kSlices>
+  struct K {
+    static constexpr auto fn = dense_mma_held_kernel<Block, kSlices>;
+  };
+};
 template <int kSlices>
 struct Q2KExpertsMma {
   static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices>;
+};
+template <int kSlices>
+struct Q2K5ExpertsMma {
+  static constexpr auto fn = experts_mma_held_kernel<Q2KBlock5, kSlices>;
 };
 template <int kSlices>
 struct Q3KExpertsMma {
@@ -541,7 +598,7 @@ struct Q3KExpertsMma {
 };
 template <int kSlices>
 struct Q3K16ExpertsMma {
-  static constexpr auto fn = experts_mma_kernel<Q3KBlock16, kSlices>;
+  static constexpr auto fn = experts_mma_held_kernel<Q3KBlock16, kSlices>;
 };
 
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 1 the tensor cores from ~4k (16-row
@@ -591,7 +648,12 @@ Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearPa
     return m;
   }();
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  if (type == quant::GgmlType::kQ6_K) return launch_mma<DenseMma<Q6KBlock>::K>(p[0].rows, b.n_blocks, n, st, b);
+  static const int held = static_cast<int>(env_int("DSF_DENSE_HELD", 0));  // measurement
+  if (type == quant::GgmlType::kQ6_K) {
+    if (held & 1) return launch_mma<DenseMmaHeld<Q6KBlock>::K>(p[0].rows, b.n_blocks, n, st, b);
+    return launch_mma<DenseMma<Q6KBlock>::K>(p[0].rows, b.n_blocks, n, st, b);
+  }
+  if (held & 2) return launch_mma<DenseMmaHeld<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
   return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
 }
 
@@ -611,6 +673,8 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   static const bool k16 = env_int("DSF_Q3K_K16", 0) != 0;  // measurement: Q3KBlock16
   if (type == quant::GgmlType::kQ3_K && k16) return launch_mma<Q3K16ExpertsMma>(p.rows, b.n_blocks, products, st, b);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
+  static const bool q2k5 = env_int("DSF_Q2K_CTAS", 4) == 5;  // measurement: Q2KBlock5
+  if (q2k5) return launch_mma<Q2K5ExpertsMma>(p.rows, b.n_blocks, products, st, b);
   return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }
 
