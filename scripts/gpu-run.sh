@@ -24,13 +24,6 @@ if [[ -x out/gpu/bin/linear_cuda_test && ( -z ${DSF_TESTS:-} || linear_cuda == $
     echo "FAIL linear_cuda_test (DSF_GEMV_MMA=0)"; rc=1
   fi
   tail -3 "$logs/linear_cuda_test_fp32_gemv.log"
-  # The GEMV tests on the measurement switches' kernels (ctest's linear_cuda_test_q3k_k16).
-  if DSF_Q3K_K16=1 DSF_Q2K_CTAS=5 DSF_DENSE_HELD=3 out/gpu/bin/linear_cuda_test > "$logs/linear_cuda_test_q3k_k16.log" 2>&1; then
-    echo "PASS linear_cuda_test (DSF_Q3K_K16=1 DSF_Q2K_CTAS=5 DSF_DENSE_HELD=3)"
-  else
-    echo "FAIL linear_cuda_test (DSF_Q3K_K16=1 DSF_Q2K_CTAS=5 DSF_DENSE_HELD=3)"; rc=1
-  fi
-  tail -3 "$logs/linear_cuda_test_q3k_k16.log"
 fi
 [[ ${DSF_SKIP_BENCH:-0} == 1 ]] && exit $rc
 # Benchmarks (not tests): rows for bench/results.csv.

@@ -5,8 +5,8 @@
 // every step exact in fp32, |e| <= max|x| 2^-27 (zero for |x| >= max|x| / 8), held in its shared
 // memory (inputs of up to kMaxMmaBlocks blocks). The weight codes are exact small integers, so
 // `mma.m16n8k32.s8` multiplies 16 rows by the four digits (the B operand's columns 0..3) and
-// sums in int32 without rounding; the sub-block scales are applied in int32 too (Q4_K and Q6_K
-// after each sub-block's mma, Q2_K / Q3_K folded into the codes), and the mins (Q3_K: its scales'
+// sums in int32 without rounding; the sub-block scales are applied in int32 too (Q4_K, Q6_K and
+// Q3_K after each sub-block's mma, Q2_K folded into the codes), and the mins (Q3_K: its codes'
 // offset) take one more mma a block, on the B columns 4..7 the digits leave empty
 // (mins_table). Per block and row only the integer sums' conversion and the d / dmin products
 // round (fp32), so a product is as close to the
@@ -201,6 +201,7 @@ struct Q4KBlock {
 // and one int32 result gathers the whole block.
 struct Q2KBlock {
   static constexpr int kBytes = 84, kSub = 16;
+  static constexpr int kMinWarps = 32;  // 4 CTAs of 8 warps a SM: 64 registers (experts_mma_kernel)
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
     const Q2KRows rows(ba, bb, ln.t);
@@ -225,55 +226,6 @@ struct Q2KBlock {
     const float S = x.scale[xblk];
     *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.mins(m[0], m[1]));
     *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.mins(m[2], m[3]));
-  }
-};
-
-// Q3_K (110-byte blocks, 2-byte aligned: hmask[32], qs[64], 12 bytes of 6-bit scales, d).
-// Column 128n + 32j + l has code c = ((qs[32n + l] >> 2j) & 3) | (bit 4n + j of hmask[l]) << 2
-// in sub-block s = 8n + 2j + l / 16 and value d (u_s - 32)(c - 4), u_s the unsigned 6-bit
-// scale. Lane t takes l = 8t .. 8t + 7 (one sub-block's codes, as Q2_K). (u - 32) c does not
-// fit int8, so u = 8 uh + ul is folded in two parts (uh c, ul c <= 49) and c alone gives the
-// -32: three int32 results per block; the -4 comes from the digits' 16-column sums.
-struct Q3KBlock {
-  static constexpr int kBytes = 110, kSub = 16;
-  using Row = Q3KRow;
-  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
-                                             const Lane& ln, float* acc_a, float* acc_b) {
-    const Row ra(ba, ln.t), rb(bb, ln.t);
-    int vh[4] = {0, 0, 0, 0}, vl[4] = {0, 0, 0, 0}, vc[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int s = 8 * n + 2 * j + (ln.t >> 1);
-        const uint32_t ca0 = ra.codes(n, j, 0), ca1 = ra.codes(n, j, 1), cb0 = rb.codes(n, j, 0), cb1 = rb.codes(n, j, 1);
-        const uint32_t ha = static_cast<uint32_t>(ra.scale(s) >> 3), la = static_cast<uint32_t>(ra.scale(s) & 7);
-        const uint32_t hb = static_cast<uint32_t>(rb.scale(s) >> 3), lb = static_cast<uint32_t>(rb.scale(s) & 7);
-        const uint2 xv = ln.g < kDigits
-                             ? *reinterpret_cast<const uint2*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 8 * ln.t)
-                             : make_uint2(0, 0);
-        mma_s8(vh, ca0 * ha, cb0 * hb, ca1 * ha, cb1 * hb, xv);
-        mma_s8(vl, ca0 * la, cb0 * lb, ca1 * la, cb1 * lb, xv);
-        mma_s8(vc, ca0, cb0, ca1, cb1, xv);
-      }
-    }
-    const auto total = [&](int i) { return 8 * vh[i] + vl[i] - 32 * vc[i]; };
-    const int v[4] = {total(0), total(1), total(2), total(3)};
-    finish(ra.u, rb.u, ra.d, rb.d, v, x, xblk, ln, acc_a, acc_b);
-  }
-  // Rows a and b's block from v, the lane's int32 sums of (u_s - 32) c x (v[0], v[1]: row a's
-  // digits 2t, 2t + 1; v[2], v[3]: row b's): the -4 offset, (u_s - 32) times the digit sums, on
-  // one more mma (A row r's k = s: its signed scales u, bytewise; B mins_table<16>'s operand),
-  // then d and the block's scale S.
-  __device__ __forceinline__ static void finish(const uint32_t (&ua)[4], const uint32_t (&ub)[4], float da, float db,
-                                                const int (&v)[4], const XDigits& x, int64_t xblk, const Lane& ln,
-                                                float* acc_a, float* acc_b) {
-    int g[4] = {0, 0, 0, 0};
-    mma_s8(g, __vsub4(word_at(ua, ln.t), 0x20202020u), __vsub4(word_at(ub, ln.t), 0x20202020u), 0u, 0u,
-           make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
-    const float S = x.scale[xblk];
-    *acc_a += S * da * (ln.digits(v[0], v[1]) - 4.0f * ln.mins(g[0], g[1]));
-    *acc_b += S * db * (ln.digits(v[2], v[3]) - 4.0f * ln.mins(g[2], g[3]));
   }
 };
 
@@ -304,16 +256,19 @@ __device__ __forceinline__ void k16_subblocks(const Row& ra, const Row& rb, cons
   }
 }
 
-// Q3_K as Q6KBlock multiplies: one mma.m16n8k16 a 16-column sub-block s = 8n + 2j + h, lane t
-// taking l = 16h + 4t .. 4t + 3 of (n, j)'s 32 columns (A: the codes c, 0..7, as they are), its
-// int32 result scaled by u_s - 32 in int32; the -4 as in Q3KBlock (the mins' mma). The int32
-// sums are Q3KBlock's exactly, so the products are too, bit for bit. 16 + 1 mmas a block
-// instead of 24 + 1 of m16n8k32, no scale-folded code products. Taken by the routed experts'
-// down under DSF_Q3K_K16=1 (for measurement; not yet measured).
-struct Q3KBlock16 {
+// Q3_K (110-byte blocks, 2-byte aligned: hmask[32], qs[64], 12 bytes of 6-bit scales, d).
+// Column 128n + 32j + l has code c = ((qs[32n + l] >> 2j) & 3) | (bit 4n + j of hmask[l]) << 2
+// in sub-block s = 8n + 2j + l / 16 and value d (u_s - 32)(c - 4), u_s the unsigned 6-bit
+// scale. As Q6KBlock multiplies: one mma.m16n8k16 a sub-block, lane t taking l = 16h + 4t ..
+// 4t + 3 of (n, j)'s 32 columns (A: the codes c, 0..7, as they are), its int32 result scaled by
+// u_s - 32 in int32; the -4 comes from the digits' 16-column sums on one more mma. 16 + 1 mmas
+// a block (the earlier form folded u_s into the codes in two parts on three m16n8k32 a 32
+// columns, 24 + 1; the same int32 sums, so bit for bit the same products): H200, perf preset
+// pooled, graph step 6.94 / 6.99 against 7.00 / 7.01 ms (two interleaved rounds).
+struct Q3KBlock {
   static constexpr int kBytes = 110, kSub = 16;
-  // Resident warps a SM it is compiled for (experts_mma_held_kernel): 64 registers, no spills,
-  // 4 CTAs of 8 warps (80 registers and 3 CTAs as ptxas chooses).
+  // Compiled for 4 CTAs of 8 warps a SM (kMinWarps, experts_mma_kernel): 64 registers, no
+  // spills (80 and 3 CTAs as ptxas chooses).
   static constexpr int kMinWarps = 32;
   struct Row {
     __device__ __forceinline__ Row(const uint8_t* blk, int t) {
@@ -336,7 +291,14 @@ struct Q3KBlock16 {
     const Row ra(ba, ln.t), rb(bb, ln.t);
     int v[4];
     k16_subblocks(ra, rb, x, xblk, ln, v);
-    Q3KBlock::finish(ra.u, rb.u, ra.d, rb.d, v, x, xblk, ln, acc_a, acc_b);
+    // The -4 offset: (u_s - 32) times the digits' sub-block sums, on one more mma (A row r's
+    // k = s: its signed scales, bytewise; B mins_table<16>'s operand).
+    int g[4] = {0, 0, 0, 0};
+    mma_s8(g, __vsub4(word_at(ra.u, ln.t), 0x20202020u), __vsub4(word_at(rb.u, ln.t), 0x20202020u), 0u, 0u,
+           make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
+    const float S = x.scale[xblk];
+    *acc_a += S * ra.d * (ln.digits(v[0], v[1]) - 4.0f * ln.mins(g[0], g[1]));
+    *acc_b += S * rb.d * (ln.digits(v[2], v[3]) - 4.0f * ln.mins(g[2], g[3]));
   }
 };
 
@@ -414,19 +376,16 @@ __host__ __device__ constexpr int cta_warps() {
   return kSlices > kWarps ? kSlices : kWarps;
 }
 
-// The CTAs a SM a "held" kernel (experts_mma_held_kernel, dense_mma_held_kernel) of kSlices
-// is compiled to hold at once for kHeldWarps resident warps a SM (__launch_bounds__' second
-// argument; ptxas then holds the registers to what fits).
-template <int kHeldWarps, int kSlices>
+// The CTAs a SM the experts' kernel of kSlices is compiled to hold at once for kMinWarps
+// resident warps a SM (__launch_bounds__' second argument; ptxas then holds the registers to
+// what fits). At least 2: with 1 ptxas may take more registers than the kernel's 64 (the Q2_K
+// kernel took 79 once, a CTA fewer a SM: 1.52 -> 1.79 ms a token). More than 32 warps lost on
+// the H200 (48 registers for 40: Q2_K gate/up 7.00 -> 7.43 ms a step, the dense Q4_K / Q6_K
+// GEMVs 7.14, the head alone no change; eleventh session).
+template <int kMinWarps, int kSlices>
 __host__ __device__ constexpr int min_ctas() {
-  return kHeldWarps / cta_warps<kSlices>() > 1 ? kHeldWarps / cta_warps<kSlices>() : 1;
+  return kMinWarps / cta_warps<kSlices>() > 2 ? kMinWarps / cta_warps<kSlices>() : 2;
 }
-
-// Q2KBlock compiled for 40 resident warps a SM (5 CTAs of 8: 48 registers, 24 bytes of
-// spills) instead of 32; taken under DSF_Q2K_CTAS=5 (measurement).
-struct Q2KBlock5 : Q2KBlock {
-  static constexpr int kMinWarps = 40;
-};
 
 // Products of one shape, each its own weights and x (blockIdx.y picks one).
 struct MmaBatch {
@@ -436,26 +395,11 @@ struct MmaBatch {
 };
 
 template <class Block, int kSlices>
-__device__ __forceinline__ void dense_mma(const MmaBatch& b) {
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(const __grid_constant__ MmaBatch b) {
   cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
-}
-
-template <class Block, int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(const __grid_constant__ MmaBatch b) {
-  dense_mma<Block, kSlices>(b);
-}
-
-// Compiled for 40 resident warps a SM (5 CTAs of 8 warps: 48 registers; Q6_K at 2..8 slices
-// without spills, was 70 and 3 CTAs; Q4_K with 36 bytes of spills, was 64 and 4 CTAs); taken
-// under DSF_DENSE_HELD (measurement: 1 Q6_K, 2 Q4_K, 3 both).
-constexpr int kDenseHeldWarps = 40;
-template <class Block, int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, (min_ctas<kDenseHeldWarps, kSlices>()))
-    dense_mma_held_kernel(const __grid_constant__ MmaBatch b) {
-  dense_mma<Block, kSlices>(b);
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
@@ -474,7 +418,8 @@ struct ExpertMma {
 };
 
 template <class Block, int kSlices>
-__device__ __forceinline__ void experts_mma(const ExpertMma& b) {
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, (min_ctas<Block::kMinWarps, kSlices>()))
+    experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
   int k = blockIdx.y;
@@ -485,20 +430,6 @@ __device__ __forceinline__ void experts_mma(const ExpertMma& b) {
   p.y += k * b.y_stride;
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
-}
-
-// Registers as ptxas chooses them (a second __launch_bounds__ argument of 1 would let it take
-// more: the Q2_K kernel 61 -> 79 once, a CTA fewer a SM).
-template <class Block, int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) experts_mma_kernel(const __grid_constant__ ExpertMma b) {
-  experts_mma<Block, kSlices>(b);
-}
-
-// Registers held to what Block::kMinWarps resident warps a SM allow.
-template <class Block, int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, (min_ctas<Block::kMinWarps, kSlices>()))
-    experts_mma_held_kernel(const __grid_constant__ ExpertMma b) {
-  experts_mma<Block, kSlices>(b);
 }
 
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
@@ -577,30 +508,14 @@ struct DenseMma {
     static constexpr auto fn = dense_mma_kernel<Block, kSlices>;
   };
 };
-template <class Block>
-struct DenseMmaHeld {
-  template <int kSlices>
-  struct K {
-    static constexpr auto fn = dense_mma_held_kernel<Block, kSlices>;
-  };
-};
 template <int kSlices>
 struct Q2KExpertsMma {
   static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices>;
 };
 template <int kSlices>
-struct Q2K5ExpertsMma {
-  static constexpr auto fn = experts_mma_held_kernel<Q2KBlock5, kSlices>;
-};
-template <int kSlices>
 struct Q3KExpertsMma {
   static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
 };
-template <int kSlices>
-struct Q3K16ExpertsMma {
-  static constexpr auto fn = experts_mma_held_kernel<Q3KBlock16, kSlices>;
-};
-
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 1 the tensor cores from ~4k (16-row
 // group, block) pairs a launch, else (default 2) the tensor cores at every size.
 int mma_mode() {
@@ -648,12 +563,7 @@ Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearPa
     return m;
   }();
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  static const int held = static_cast<int>(env_int("DSF_DENSE_HELD", 0));  // measurement
-  if (type == quant::GgmlType::kQ6_K) {
-    if (held & 1) return launch_mma<DenseMmaHeld<Q6KBlock>::K>(p[0].rows, b.n_blocks, n, st, b);
-    return launch_mma<DenseMma<Q6KBlock>::K>(p[0].rows, b.n_blocks, n, st, b);
-  }
-  if (held & 2) return launch_mma<DenseMmaHeld<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
+  if (type == quant::GgmlType::kQ6_K) return launch_mma<DenseMma<Q6KBlock>::K>(p[0].rows, b.n_blocks, n, st, b);
   return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
 }
 
@@ -670,11 +580,7 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  static const bool k16 = env_int("DSF_Q3K_K16", 0) != 0;  // measurement: Q3KBlock16
-  if (type == quant::GgmlType::kQ3_K && k16) return launch_mma<Q3K16ExpertsMma>(p.rows, b.n_blocks, products, st, b);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
-  static const bool q2k5 = env_int("DSF_Q2K_CTAS", 4) == 5;  // measurement: Q2KBlock5
-  if (q2k5) return launch_mma<Q2K5ExpertsMma>(p.rows, b.n_blocks, products, st, b);
   return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
 }
 
