@@ -4,8 +4,8 @@
 // The single-launch kernel (attn.cu) gives each (row, head) one CTA that walks the list's
 // chunks of 64 entries in turn, so a decode step is 64 CTAs each reading every listed KV row:
 // a chain of dependent load rounds and barriers per chunk, and 64 times the rows' bytes from
-// L2. Here a CTA takes one chunk of one row's list for kHeads heads, which share the rows it
-// loads (the KV rows are the same for every head), in two launches:
+// L2. Here a CTA takes one chunk of one row's list for kHeads heads (4, 2 or 1), which share the
+// rows it loads (the KV rows are the same for every head), in two launches:
 //   1. the chunk's logits and its max logit per head;
 //   2. the chunk's probabilities against the running max of the chunks up to it (known now),
 //      their sum and bf16 roundings, its value sum; the last CTA of a (row, head group) to
@@ -27,11 +27,17 @@ namespace {
 
 using cuda::round_bf16;
 
-constexpr int kChunk = 64;  // entries a CTA takes: the reference's chunk
-constexpr int kHeads = 4;   // heads a CTA takes; they share the rows it loads
-constexpr int kThreads = 512;
+constexpr int kChunk = 64;   // entries a CTA takes: the reference's chunk
+constexpr int kMaxHeads = 4;  // heads a CTA takes at most; they share the rows it loads
+constexpr int kThreads = 512;  // the logits' CTA
 constexpr int kWarps = kThreads / 32;
 constexpr int kWarpEntries = kChunk / kWarps;
+// The values' CTA: a thread per (head, 16 bytes of a row) of Dh = 512 (more loop; at least the
+// kChunk threads chunk_rows takes).
+template <int kHeads>
+__host__ __device__ constexpr int value_threads() {
+  return kHeads * 128;
+}
 constexpr int64_t kMaxDh = 1024;                     // q rows of the CTA's heads in 16 KB of shared memory
 constexpr int64_t kMaxScratch = int64_t{32} << 20;  // bytes of partial results a launch may take
 constexpr int64_t kMaxChunks = 1024;                // the merge's rescales in 16 KB of shared memory
@@ -81,6 +87,7 @@ __device__ __forceinline__ int chunk_rows(const SplitArgs& a, int64_t c, int64_t
 // grid (chunks, H / kHeads, rows): the logits of one chunk of row t's list for kHeads heads (each
 // warp's kWarpEntries entries for all of them at once, 16-byte loads of the rows) and the
 // chunk's max logit per head. Chunk 0 also clears the row's count of finished chunks.
+template <int kHeads>
 __global__ void __launch_bounds__(kThreads) sparse_logits_kernel(const __grid_constant__ SplitArgs a) {
   cuda::await_inputs();
   extern __shared__ float4 q_smem[];  // [kHeads][Dh / 4]
@@ -147,7 +154,9 @@ __device__ __forceinline__ float max_through(const float* cmax, int64_t c) {
 // order (acc = acc * rescale + part, L likewise), the sink, the division, the inverse RoPE. Per
 // head one lane forms the chunks' rescales and L; then each thread four dims of one head, their
 // chunks' value sums loaded ahead of the (ordered) accumulation.
+template <int kHeads>
 __device__ void merge_chunks(const SplitArgs& a, int64_t t, int64_t tl, int h0, float* out, float* rescale) {
+  constexpr int kVThreads = value_threads<kHeads>();
   __shared__ float s_L[kHeads];
   const int64_t Dh = a.Dh, Dh4 = Dh / 4, n = a.chunks;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -164,7 +173,7 @@ __device__ void merge_chunks(const SplitArgs& a, int64_t t, int64_t tl, int h0, 
     s_L[warp] = __fadd_rn(L, expf(a.sink[h0 + warp] - m));
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kThreads) {
+  for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kVThreads) {
     const int h = static_cast<int>(i / Dh4);
     const int64_t d4 = i % Dh4;
     const float4* part = reinterpret_cast<const float4*>(a.x.part + (tl * a.H + h0 + h) * n * Dh) + d4;
@@ -188,14 +197,16 @@ __device__ void merge_chunks(const SplitArgs& a, int64_t t, int64_t tl, int h0, 
   const RopeArgs rope = a.rope;
   for (int h = 0; h < kHeads; ++h) rope.rotate(out + h * Dh, Dh, t, true);
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kThreads) a.o[(t * a.H + h0) * Dh + i] = out[i];
+  for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kVThreads) a.o[(t * a.H + h0) * Dh + i] = out[i];
 }
 
 // grid (chunks, H / kHeads, rows): the chunk's probabilities against the running max (as the
 // reference: p = exp(logit - max), their sum in entry order, bf16 p for the values), its value
 // sum (each thread four dims of one head, entries in order), then the last chunk's CTA to
 // finish merges them all (merge_chunks, in chunk order whichever finishes last).
-__global__ void __launch_bounds__(kThreads, 1) sparse_values_kernel(const __grid_constant__ SplitArgs a) {
+template <int kHeads>
+__global__ void __launch_bounds__(value_threads<kHeads>()) sparse_values_kernel(const __grid_constant__ SplitArgs a) {
+  constexpr int kVThreads = value_threads<kHeads>();
   cuda::await_inputs();
   extern __shared__ float4 out_smem[];  // [kHeads][Dh] and [kHeads][chunks] for merge_chunks
   __shared__ float pb[kHeads][kChunk];
@@ -219,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_values_kernel(const __grid
     for (int k = lane; k < kChunk; k += 32) pb[warp][k] = round_bf16(pb[warp][k]);
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kThreads) {
+  for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kVThreads) {
     const int h = static_cast<int>(i / Dh4);
     const int64_t d4 = i % Dh4;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -245,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_values_kernel(const __grid
   if (!last) return;
   __threadfence();
   float* out = reinterpret_cast<float*>(out_smem);
-  merge_chunks(a, t, tl, h0, out, out + kHeads * Dh);
+  merge_chunks<kHeads>(a, t, tl, h0, out, out + kHeads * Dh);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -271,11 +282,35 @@ int64_t rows_a_pass(int64_t S, int H, int64_t Dh, int64_t width) {
   return fit >= S ? S : passes ? fit : 0;
 }
 
+// Heads a CTA takes: the most (of 4, 2, 1) whose grid of (chunk, head group, row) CTAs still
+// gives every SM one; else 1. A decode step's lists (a 128-entry window and a few compressed
+// rows: 2-3 chunks) at 64 heads had 32-48 CTAs of four heads, each a long serial chain, on 132
+// SMs. DSF_ATTN_HEADS=4, 2 or 1 (measurement) forces it. The result does not depend on it:
+// each head's logits and value sums are formed alike whichever CTA holds it.
+int heads_a_cta(int64_t rows, int H, int64_t chunks) {
+  static const int forced = static_cast<int>(cuda::env_int("DSF_ATTN_HEADS", 0));
+  if ((forced == 1 || forced == 2 || forced == 4) && H % forced == 0) return forced;
+  for (int k = kMaxHeads; k > 1; k /= 2) {
+    if (H % k == 0 && rows * chunks * (H / k) >= cuda::sm_count()) return k;
+  }
+  return 1;
+}
+
+template <int kHeads>
+Status launch_pair(cudaStream_t st, const SplitArgs& args, int64_t rows) {
+  const size_t smem = static_cast<size_t>(kHeads * args.Dh) * sizeof(float);
+  const size_t merge_smem = smem + static_cast<size_t>(kHeads * args.chunks) * sizeof(float);
+  const dim3 grid(static_cast<unsigned>(args.chunks), static_cast<unsigned>(args.H / kHeads), static_cast<unsigned>(rows));
+  RETURN_IF_ERROR(cuda::launch(sparse_logits_kernel<kHeads>, cuda::LaunchParams{grid, dim3(kThreads), smem, st}, args));
+  return cuda::launch(sparse_values_kernel<kHeads>,
+                      cuda::LaunchParams{grid, dim3(value_threads<kHeads>()), merge_smem, st}, args);
+}
+
 }  // namespace
 
 bool split_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, const float* kv_a, const float* kv_b,
                    const float* o) {
-  if (split_off() || width <= 0 || H % kHeads != 0 || Dh % 4 != 0 || Dh > kMaxDh) return false;
+  if (split_off() || width <= 0 || H % kMaxHeads != 0 || Dh % 4 != 0 || Dh > kMaxDh) return false;
   if (chunks_of(width) > kMaxChunks) return false;
   if (!aligned16(q) || !aligned16(kv_a) || (kv_b != nullptr && !aligned16(kv_b)) || !aligned16(o)) return false;
   return rows_a_pass(S, H, Dh, width) > 0;
@@ -289,18 +324,18 @@ Status sparse_attn_split(cudaStream_t st, const float* q, int64_t S, int H, int6
   const int64_t chunks = chunks_of(width), n = per * H * chunks;  // a pass's (row, head, chunk) triples
   const int64_t floats = n * (Dh + kChunk + 2);
   void* mem = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&mem, floats * sizeof(float) + per * (H / kHeads) * sizeof(int), st));
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&mem, floats * sizeof(float) + per * H * sizeof(int), st));  // counters: H / kHeads a row
   float* f = static_cast<float*>(mem);
   const Scratch x{f, f + n * Dh, f + n * (Dh + kChunk), f + n * (Dh + kChunk + 1), reinterpret_cast<int*>(f + floats)};
-  const size_t smem = static_cast<size_t>(kHeads * Dh) * sizeof(float);
-  const size_t merge_smem = smem + static_cast<size_t>(kHeads * chunks) * sizeof(float);
   const Status s = [&]() -> Status {
     for (int64_t t0 = 0; t0 < S; t0 += per) {  // each pass reuses the scratch (stream order)
       const SplitArgs args{q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, chunks, x, o, t0, S};
-      const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(H / kHeads),
-                      static_cast<unsigned>(std::min(per, S - t0)));
-      RETURN_IF_ERROR(cuda::launch(sparse_logits_kernel, cuda::LaunchParams{grid, dim3(kThreads), smem, st}, args));
-      RETURN_IF_ERROR(cuda::launch(sparse_values_kernel, cuda::LaunchParams{grid, dim3(kThreads), merge_smem, st}, args));
+      const int64_t rows = std::min(per, S - t0);
+      switch (heads_a_cta(rows, H, chunks)) {
+        case 4: RETURN_IF_ERROR(launch_pair<4>(st, args, rows)); break;
+        case 2: RETURN_IF_ERROR(launch_pair<2>(st, args, rows)); break;
+        default: RETURN_IF_ERROR(launch_pair<1>(st, args, rows)); break;
+      }
     }
     return absl::OkStatus();
   }();

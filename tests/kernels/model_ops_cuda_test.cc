@@ -125,7 +125,8 @@ TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
   std::mt19937 rng(1);
   Agreement agree;
   for (const AttnShape& sh : {AttnShape{1, 1, 17, 5, 1}, AttnShape{3, 2, 31, 40, 17}, AttnShape{2, 3, 64, 300, 65},
-                              AttnShape{1, 64, 512, 700, 640}, AttnShape{5, 4, 512, 257, 257},
+                              AttnShape{1, 64, 512, 700, 640}, AttnShape{1, 64, 512, 700, 160},
+                              AttnShape{1, 64, 512, 700, 300}, AttnShape{5, 4, 512, 257, 257},
                               AttnShape{17, 2, 128, 100, 200},
                               AttnShape{40, 64, 512, 700, 640}}) {  // 40 rows: two passes of the split's scratch
     sparse_attn_case(sh, rng, 3, [](int64_t, int64_t, std::mt19937& r, auto& pick) { return r() % 7 == 0 ? -1 : pick(r); },
@@ -136,11 +137,14 @@ TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
 
 // Lists with whole chunks of no entry, a row with none at all and a single-chunk list, on
 // shapes the split over chunks takes (heads in fours, Dh a multiple of 4): the chunks' partial
-// results merged must agree with the CPU's running sum as the single-launch kernel does.
+// results merged must agree with the CPU's running sum as the single-launch kernel does. On the
+// H200 (132 SMs) the split's CTAs take 4 heads at 640 entries and 64 heads, 2 at 300 and 1 at
+// fewer (heads_a_cta), so every form is covered.
 TEST_F(ModelOpsCuda, SplitSparseAttentionHandlesEmptyChunks) {
   std::mt19937 rng(7);
   Agreement agree;
-  for (const AttnShape& sh : {AttnShape{3, 8, 128, 90, 200}, AttnShape{2, 4, 64, 40, 64}, AttnShape{1, 64, 512, 300, 640}}) {
+  for (const AttnShape& sh : {AttnShape{3, 8, 128, 90, 200}, AttnShape{2, 4, 64, 40, 64}, AttnShape{1, 64, 512, 300, 640},
+                              AttnShape{1, 64, 512, 300, 300}}) {
     sparse_attn_case(sh, rng, 2,
                      [&](int64_t t, int64_t e, std::mt19937& r, auto& pick) {
                        const bool none = t == 1 || (e >= 64 && e < 128) || (sh.width > 128 && e >= sh.width - 70);
