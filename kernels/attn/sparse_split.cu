@@ -40,7 +40,9 @@ __host__ __device__ constexpr int value_threads() {
 }
 constexpr int64_t kMaxDh = 1024;                     // q rows of the CTA's heads in 16 KB of shared memory
 constexpr int64_t kMaxScratch = int64_t{32} << 20;  // bytes of partial results a launch may take
-constexpr int64_t kMaxChunks = 1024;                // the merge's rescales in 16 KB of shared memory
+constexpr int64_t kMaxChunks = 512;                 // the merge's maxima and sums in 16 KB of shared memory
+constexpr int kLoadBatch = 16;                      // value rows a thread loads before it adds them
+static_assert(kChunk % kLoadBatch == 0, "a chunk's rows in whole batches");
 
 // Scratch of a launch: per (row t, head h, chunk c) the logits, the chunk's max logit, its
 // value sum and its sum of probabilities; per (row, head group) the count of finished chunks.
@@ -143,31 +145,41 @@ __global__ void __launch_bounds__(kThreads) sparse_logits_kernel(const __grid_co
   }
 }
 
-// The running max after chunk c (the max of chunks 0..c), as the reference's chunk loop has it.
-__device__ __forceinline__ float max_through(const float* cmax, int64_t c) {
+// The running max after chunk c (the max of chunks 0..c, and -1e30), as the reference's chunk
+// loop has it, on every lane of a warp: the lanes load the chunks' maxima at once (a max is
+// exact in any order; one after another they were a chain of dependent loads).
+__device__ __forceinline__ float max_through(const float* cmax, int64_t c, int lane) {
   float m = -1e30f;
-  for (int64_t i = 0; i <= c; ++i) m = fmaxf(m, cmax[i]);
+  for (int64_t i = lane; i <= c; i += 32) m = fmaxf(m, cmax[i]);
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
   return m;
 }
 
 // The last chunk's CTA of a (row, head group): the reference's accumulation over the chunks in
-// order (acc = acc * rescale + part, L likewise), the sink, the division, the inverse RoPE. Per
-// head one lane forms the chunks' rescales and L; then each thread four dims of one head, their
-// chunks' value sums loaded ahead of the (ordered) accumulation.
+// order (acc = acc * rescale + part, L likewise), the sink, the division, the inverse RoPE. The
+// chunks' maxima and probability sums are first loaded by all threads at once into rescale
+// and psums ([kHeads][chunks] each); then per head one lane forms the chunks' rescales (in
+// place of the maxima) and L; then each thread four dims of one head, their chunks' value sums
+// loaded ahead of the (ordered) accumulation.
 template <int kHeads>
-__device__ void merge_chunks(const SplitArgs& a, int64_t t, int64_t tl, int h0, float* out, float* rescale) {
+__device__ void merge_chunks(const SplitArgs& a, int64_t t, int64_t tl, int h0, float* out, float* rescale,
+                             float* psums) {
   constexpr int kVThreads = value_threads<kHeads>();
   __shared__ float s_L[kHeads];
   const int64_t Dh = a.Dh, Dh4 = Dh / 4, n = a.chunks;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int64_t i = threadIdx.x; i < kHeads * n; i += kVThreads) {
+    const int64_t at = (tl * a.H + h0) * n + i;  // head h0 + i / n, chunk i % n
+    rescale[i] = __ldcg(a.x.cmax + at);
+    psums[i] = __ldcg(a.x.psum + at);
+  }
+  __syncthreads();
   if (warp < kHeads && lane == 0) {
-    const int64_t row = tl * a.H + h0 + warp;
-    const float *cmax = a.x.cmax + row * n, *psum = a.x.psum + row * n;
     float m = -1e30f, L = 0.0f;
     for (int64_t c = 0; c < n; ++c) {
-      const float m_new = fmaxf(m, __ldcg(cmax + c)), r = expf(m - m_new);
+      const float m_new = fmaxf(m, rescale[warp * n + c]), r = expf(m - m_new);
       rescale[warp * n + c] = r;
-      L = __fadd_rn(__fmul_rn(L, r), __ldcg(psum + c));
+      L = __fadd_rn(__fmul_rn(L, r), psums[warp * n + c]);
       m = m_new;
     }
     s_L[warp] = __fadd_rn(L, expf(a.sink[h0 + warp] - m));
@@ -208,7 +220,7 @@ template <int kHeads>
 __global__ void __launch_bounds__(value_threads<kHeads>()) sparse_values_kernel(const __grid_constant__ SplitArgs a) {
   constexpr int kVThreads = value_threads<kHeads>();
   cuda::await_inputs();
-  extern __shared__ float4 out_smem[];  // [kHeads][Dh] and [kHeads][chunks] for merge_chunks
+  extern __shared__ float4 out_smem[];  // [kHeads][Dh] and twice [kHeads][chunks] for merge_chunks
   __shared__ float pb[kHeads][kChunk];
   __shared__ const float* rows[kChunk];
   __shared__ bool last;
@@ -217,7 +229,7 @@ __global__ void __launch_bounds__(value_threads<kHeads>()) sparse_values_kernel(
   const int cn = chunk_rows(a, c, t, rows);
   if (warp < kHeads) {
     const int64_t row = tl * a.H + h0 + warp, at = row * a.chunks + c;
-    const float m_new = max_through(a.x.cmax + row * a.chunks, c);
+    const float m_new = max_through(a.x.cmax + row * a.chunks, c, lane);
     const float* lg = a.x.logits + at * kChunk;
     for (int k = lane; k < kChunk; k += 32) pb[warp][k] = k < cn ? expf(lg[k] - m_new) : 0.0f;  // p, unrounded
     __syncwarp();
@@ -233,17 +245,26 @@ __global__ void __launch_bounds__(value_threads<kHeads>()) sparse_values_kernel(
   for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kVThreads) {
     const int h = static_cast<int>(i / Dh4);
     const int64_t d4 = i % Dh4;
+    // kLoadBatch rows' values loaded at once, then added in entry order (rows past cn are null:
+    // chunk_rows); a skipped null row leaves acc as it was. With the loads inside the ordered
+    // loop each waited on the one before (a null row may not be loaded through).
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 16
-    for (int k = 0; k < cn; ++k) {
-      const float* row = rows[k];
-      if (row == nullptr) continue;
-      const float4 v = __ldg(reinterpret_cast<const float4*>(row) + d4);
-      const float p = pb[h][k];
-      acc.x = __fadd_rn(acc.x, __fmul_rn(p, v.x));
-      acc.y = __fadd_rn(acc.y, __fmul_rn(p, v.y));
-      acc.z = __fadd_rn(acc.z, __fmul_rn(p, v.z));
-      acc.w = __fadd_rn(acc.w, __fmul_rn(p, v.w));
+    for (int k0 = 0; k0 < cn; k0 += kLoadBatch) {
+      float4 v[kLoadBatch];
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        const float* row = rows[k0 + j];
+        v[j] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row) + d4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        if (rows[k0 + j] == nullptr) continue;
+        const float p = pb[h][k0 + j];
+        acc.x = __fadd_rn(acc.x, __fmul_rn(p, v[j].x));
+        acc.y = __fadd_rn(acc.y, __fmul_rn(p, v[j].y));
+        acc.z = __fadd_rn(acc.z, __fmul_rn(p, v[j].z));
+        acc.w = __fadd_rn(acc.w, __fmul_rn(p, v[j].w));
+      }
     }
     reinterpret_cast<float4*>(a.x.part + ((tl * a.H + h0 + h) * a.chunks + c) * Dh)[d4] = acc;
   }
@@ -256,7 +277,7 @@ __global__ void __launch_bounds__(value_threads<kHeads>()) sparse_values_kernel(
   if (!last) return;
   __threadfence();
   float* out = reinterpret_cast<float*>(out_smem);
-  merge_chunks<kHeads>(a, t, tl, h0, out, out + kHeads * Dh);
+  merge_chunks<kHeads>(a, t, tl, h0, out, out + kHeads * Dh, out + kHeads * (Dh + a.chunks));
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -299,7 +320,7 @@ int heads_a_cta(int64_t rows, int H, int64_t chunks) {
 template <int kHeads>
 Status launch_pair(cudaStream_t st, const SplitArgs& args, int64_t rows) {
   const size_t smem = static_cast<size_t>(kHeads * args.Dh) * sizeof(float);
-  const size_t merge_smem = smem + static_cast<size_t>(kHeads * args.chunks) * sizeof(float);
+  const size_t merge_smem = smem + static_cast<size_t>(2 * kHeads * args.chunks) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(args.chunks), static_cast<unsigned>(args.H / kHeads), static_cast<unsigned>(rows));
   RETURN_IF_ERROR(cuda::launch(sparse_logits_kernel<kHeads>, cuda::LaunchParams{grid, dim3(kThreads), smem, st}, args));
   return cuda::launch(sparse_values_kernel<kHeads>,

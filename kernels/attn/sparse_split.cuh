@@ -12,8 +12,8 @@
 namespace dsflash::kernels::attn::detail {
 
 // Whether the split takes a call: heads in fours, Dh a multiple of 4 up to 1024, 16-byte
-// aligned rows, at most 1,024 chunks and 32 MB of partial results (decode steps and short
-// prefill chunks), and DSF_ATTN_SPLIT not 0 (measurement).
+// aligned rows, at most 512 chunks (32,768 entries) and 32 MB of partial results (decode steps
+// and short prefill chunks), and DSF_ATTN_SPLIT not 0 (measurement).
 bool split_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, const float* kv_a, const float* kv_b,
                    const float* o);
 
