@@ -32,17 +32,16 @@ constexpr int kMaxHeads = 4;  // heads a CTA takes at most; they share the rows 
 constexpr int kThreads = 512;  // the logits' CTA
 constexpr int kWarps = kThreads / 32;
 constexpr int kWarpEntries = kChunk / kWarps;
-// The values' CTA: a thread per (head, 16 bytes of a row) of Dh = 512 (more loop; at least the
-// kChunk threads chunk_rows takes).
+// The values' CTA (kThreads): a thread adds kHeads consecutive values of one head's row (all
+// threads busy at Dh = 512, more loop beyond), over kChunk / kHeads rows loaded at once (64
+// registers).
 template <int kHeads>
 __host__ __device__ constexpr int value_threads() {
-  return kHeads * 128;
+  return kThreads;
 }
 constexpr int64_t kMaxDh = 1024;                     // q rows of the CTA's heads in 16 KB of shared memory
 constexpr int64_t kMaxScratch = int64_t{32} << 20;  // bytes of partial results a launch may take
 constexpr int64_t kMaxChunks = 512;                 // the merge's maxima and sums in 16 KB of shared memory
-constexpr int kLoadBatch = 16;                      // value rows a thread loads before it adds them
-static_assert(kChunk % kLoadBatch == 0, "a chunk's rows in whole batches");
 
 // Scratch of a launch: per (row t, head h, chunk c) the logits, the chunk's max logit, its
 // value sum and its sum of probabilities; per (row, head group) the count of finished chunks.
@@ -71,6 +70,36 @@ struct SplitArgs {
   Scratch x;
   float* o;
   int64_t t0, S;  // the launch's first query row, the call's rows (a launch takes rows t0 + blockIdx.z)
+};
+
+// kN consecutive floats (1, 2 or 4, 4 kN-byte aligned) in one load (zeros for a null pointer)
+// or store.
+template <int kN>
+struct FloatVec;
+template <>
+struct FloatVec<1> {
+  __device__ __forceinline__ static void load(const float* p, float (&v)[1]) { v[0] = p != nullptr ? __ldg(p) : 0.0f; }
+  __device__ __forceinline__ static void store(float* p, const float (&v)[1]) { *p = v[0]; }
+};
+template <>
+struct FloatVec<2> {
+  __device__ __forceinline__ static void load(const float* p, float (&v)[2]) {
+    const float2 u = p != nullptr ? __ldg(reinterpret_cast<const float2*>(p)) : make_float2(0.0f, 0.0f);
+    v[0] = u.x, v[1] = u.y;
+  }
+  __device__ __forceinline__ static void store(float* p, const float (&v)[2]) {
+    *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
+  }
+};
+template <>
+struct FloatVec<4> {
+  __device__ __forceinline__ static void load(const float* p, float (&v)[4]) {
+    const float4 u = p != nullptr ? __ldg(reinterpret_cast<const float4*>(p)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+  }
+  __device__ __forceinline__ static void store(float* p, const float (&v)[4]) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  }
 };
 
 // The CTA's chunk: how many entries it has and their rows (null: no entry) in shared memory.
@@ -224,7 +253,7 @@ __global__ void __launch_bounds__(value_threads<kHeads>()) sparse_values_kernel(
   __shared__ float pb[kHeads][kChunk];
   __shared__ const float* rows[kChunk];
   __shared__ bool last;
-  const int64_t c = blockIdx.x, tl = blockIdx.z, t = a.t0 + tl, Dh = a.Dh, Dh4 = Dh / 4;
+  const int64_t c = blockIdx.x, tl = blockIdx.z, t = a.t0 + tl, Dh = a.Dh;
   const int h0 = static_cast<int>(blockIdx.y) * kHeads, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cn = chunk_rows(a, c, t, rows);
   if (warp < kHeads) {
@@ -242,31 +271,33 @@ __global__ void __launch_bounds__(value_threads<kHeads>()) sparse_values_kernel(
     for (int k = lane; k < kChunk; k += 32) pb[warp][k] = round_bf16(pb[warp][k]);
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kVThreads) {
-    const int h = static_cast<int>(i / Dh4);
-    const int64_t d4 = i % Dh4;
-    // kLoadBatch rows' values loaded at once, then added in entry order (rows past cn are null:
-    // chunk_rows); a skipped null row leaves acc as it was. With the loads inside the ordered
-    // loop each waited on the one before (a null row may not be loaded through).
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int k0 = 0; k0 < cn; k0 += kLoadBatch) {
-      float4 v[kLoadBatch];
+  // Each thread's kHeads values of a head: kBatch rows loaded at once (rows past cn are null:
+  // chunk_rows), then added in entry order, a null row skipped (acc as it was). With the loads
+  // inside the ordered loop each waited on the one before (a null row may not be loaded
+  // through): ncu 16.6 us a launch at 128 CTAs; 12.3 with 16 rows a batch of 16-byte loads.
+  using Vec = FloatVec<kHeads>;
+  constexpr int kBatch = kChunk / kHeads;
+  const int64_t Dhv = Dh / kHeads;
+  for (int64_t i = threadIdx.x; i < kHeads * Dhv; i += kVThreads) {
+    const int h = static_cast<int>(i / Dhv);
+    const int64_t dv = i % Dhv;
+    float acc[kHeads] = {};
+    for (int k0 = 0; k0 < cn; k0 += kBatch) {
+      float v[kBatch][kHeads];
 #pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) {
+      for (int j = 0; j < kBatch; ++j) {
         const float* row = rows[k0 + j];
-        v[j] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row) + d4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        Vec::load(row != nullptr ? row + dv * kHeads : nullptr, v[j]);
       }
 #pragma unroll
-      for (int j = 0; j < kLoadBatch; ++j) {
+      for (int j = 0; j < kBatch; ++j) {
         if (rows[k0 + j] == nullptr) continue;
         const float p = pb[h][k0 + j];
-        acc.x = __fadd_rn(acc.x, __fmul_rn(p, v[j].x));
-        acc.y = __fadd_rn(acc.y, __fmul_rn(p, v[j].y));
-        acc.z = __fadd_rn(acc.z, __fmul_rn(p, v[j].z));
-        acc.w = __fadd_rn(acc.w, __fmul_rn(p, v[j].w));
+#pragma unroll
+        for (int e = 0; e < kHeads; ++e) acc[e] = __fadd_rn(acc[e], __fmul_rn(p, v[j][e]));
       }
     }
-    reinterpret_cast<float4*>(a.x.part + ((tl * a.H + h0 + h) * a.chunks + c) * Dh)[d4] = acc;
+    Vec::store(a.x.part + ((tl * a.H + h0 + h) * a.chunks + c) * Dh + dv * kHeads, acc);
   }
   // The last CTA of the (row, head group) to get here merges: every write above is visible
   // device-wide before the count moves.
