@@ -29,16 +29,12 @@ using cuda::round_bf16;
 
 constexpr int kChunk = 64;   // entries a CTA takes: the reference's chunk
 constexpr int kMaxHeads = 4;  // heads a CTA takes at most; they share the rows it loads
-constexpr int kThreads = 512;  // the logits' CTA
+// Threads of a CTA of either launch. A values thread adds kHeads consecutive values of one
+// head's row (all threads busy at Dh = 512, more loop beyond), over kChunk / kHeads rows loaded
+// at once (64 registers).
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kWarpEntries = kChunk / kWarps;
-// The values' CTA (kThreads): a thread adds kHeads consecutive values of one head's row (all
-// threads busy at Dh = 512, more loop beyond), over kChunk / kHeads rows loaded at once (64
-// registers).
-template <int kHeads>
-__host__ __device__ constexpr int value_threads() {
-  return kThreads;
-}
 constexpr int64_t kMaxDh = 1024;                     // q rows of the CTA's heads in 16 KB of shared memory
 constexpr int64_t kMaxScratch = int64_t{32} << 20;  // bytes of partial results a launch may take
 constexpr int64_t kMaxChunks = 512;                 // the merge's maxima and sums in 16 KB of shared memory
@@ -193,11 +189,10 @@ __device__ __forceinline__ float max_through(const float* cmax, int64_t c, int l
 template <int kHeads>
 __device__ void merge_chunks(const SplitArgs& a, int64_t t, int64_t tl, int h0, float* out, float* rescale,
                              float* psums) {
-  constexpr int kVThreads = value_threads<kHeads>();
   __shared__ float s_L[kHeads];
   const int64_t Dh = a.Dh, Dh4 = Dh / 4, n = a.chunks;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int64_t i = threadIdx.x; i < kHeads * n; i += kVThreads) {
+  for (int64_t i = threadIdx.x; i < kHeads * n; i += kThreads) {
     const int64_t at = (tl * a.H + h0) * n + i;  // head h0 + i / n, chunk i % n
     rescale[i] = __ldcg(a.x.cmax + at);
     psums[i] = __ldcg(a.x.psum + at);
@@ -214,7 +209,7 @@ __device__ void merge_chunks(const SplitArgs& a, int64_t t, int64_t tl, int h0, 
     s_L[warp] = __fadd_rn(L, expf(a.sink[h0 + warp] - m));
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kVThreads) {
+  for (int64_t i = threadIdx.x; i < kHeads * Dh4; i += kThreads) {
     const int h = static_cast<int>(i / Dh4);
     const int64_t d4 = i % Dh4;
     const float4* part = reinterpret_cast<const float4*>(a.x.part + (tl * a.H + h0 + h) * n * Dh) + d4;
@@ -238,7 +233,7 @@ __device__ void merge_chunks(const SplitArgs& a, int64_t t, int64_t tl, int h0, 
   const RopeArgs rope = a.rope;
   for (int h = 0; h < kHeads; ++h) rope.rotate(out + h * Dh, Dh, t, true);
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kVThreads) a.o[(t * a.H + h0) * Dh + i] = out[i];
+  for (int64_t i = threadIdx.x; i < kHeads * Dh; i += kThreads) a.o[(t * a.H + h0) * Dh + i] = out[i];
 }
 
 // grid (chunks, H / kHeads, rows): the chunk's probabilities against the running max (as the
@@ -246,8 +241,7 @@ __device__ void merge_chunks(const SplitArgs& a, int64_t t, int64_t tl, int h0, 
 // sum (each thread four dims of one head, entries in order), then the last chunk's CTA to
 // finish merges them all (merge_chunks, in chunk order whichever finishes last).
 template <int kHeads>
-__global__ void __launch_bounds__(value_threads<kHeads>()) sparse_values_kernel(const __grid_constant__ SplitArgs a) {
-  constexpr int kVThreads = value_threads<kHeads>();
+__global__ void __launch_bounds__(kThreads) sparse_values_kernel(const __grid_constant__ SplitArgs a) {
   cuda::await_inputs();
   extern __shared__ float4 out_smem[];  // [kHeads][Dh] and twice [kHeads][chunks] for merge_chunks
   __shared__ float pb[kHeads][kChunk];
@@ -274,11 +268,12 @@ __global__ void __launch_bounds__(value_threads<kHeads>()) sparse_values_kernel(
   // Each thread's kHeads values of a head: kBatch rows loaded at once (rows past cn are null:
   // chunk_rows), then added in entry order, a null row skipped (acc as it was). With the loads
   // inside the ordered loop each waited on the one before (a null row may not be loaded
-  // through): ncu 16.6 us a launch at 128 CTAs; 12.3 with 16 rows a batch of 16-byte loads.
+  // through): ncu 16.6 us a launch at 128 CTAs; 12.3 with 16 rows a batch of 16-byte loads,
+  // 11.7 with 64 of 4 bytes (1 head).
   using Vec = FloatVec<kHeads>;
   constexpr int kBatch = kChunk / kHeads;
   const int64_t Dhv = Dh / kHeads;
-  for (int64_t i = threadIdx.x; i < kHeads * Dhv; i += kVThreads) {
+  for (int64_t i = threadIdx.x; i < kHeads * Dhv; i += kThreads) {
     const int h = static_cast<int>(i / Dhv);
     const int64_t dv = i % Dhv;
     float acc[kHeads] = {};
@@ -355,7 +350,7 @@ Status launch_pair(cudaStream_t st, const SplitArgs& args, int64_t rows) {
   const dim3 grid(static_cast<unsigned>(args.chunks), static_cast<unsigned>(args.H / kHeads), static_cast<unsigned>(rows));
   RETURN_IF_ERROR(cuda::launch(sparse_logits_kernel<kHeads>, cuda::LaunchParams{grid, dim3(kThreads), smem, st}, args));
   return cuda::launch(sparse_values_kernel<kHeads>,
-                      cuda::LaunchParams{grid, dim3(value_threads<kHeads>()), merge_smem, st}, args);
+                      cuda::LaunchParams{grid, dim3(kThreads), merge_smem, st}, args);
 }
 
 }  // namespace

@@ -201,7 +201,6 @@ struct Q4KBlock {
 // and one int32 result gathers the whole block.
 struct Q2KBlock {
   static constexpr int kBytes = 84, kSub = 16;
-  static constexpr int kMinWarps = 32;  // 4 CTAs of 8 warps a SM: 64 registers (experts_mma_kernel)
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
     const Q2KRows rows(ba, bb, ln.t);
@@ -267,9 +266,6 @@ __device__ __forceinline__ void k16_subblocks(const Row& ra, const Row& rb, cons
 // pooled, graph step 6.94 / 6.99 against 7.00 / 7.01 ms (two interleaved rounds).
 struct Q3KBlock {
   static constexpr int kBytes = 110, kSub = 16;
-  // Compiled for 4 CTAs of 8 warps a SM (kMinWarps, experts_mma_kernel): 64 registers, no
-  // spills (80 and 3 CTAs as ptxas chooses).
-  static constexpr int kMinWarps = 32;
   struct Row {
     __device__ __forceinline__ Row(const uint8_t* blk, int t) {
       Q3KRow::scales(blk, u);
@@ -376,14 +372,15 @@ __host__ __device__ constexpr int cta_warps() {
   return kSlices > kWarps ? kSlices : kWarps;
 }
 
-// The CTAs a SM the experts' kernel of kSlices is compiled to hold at once for kMinWarps
-// resident warps a SM (__launch_bounds__' second argument; ptxas then holds the registers to
-// what fits). At least 2: with 1 ptxas may take more registers than the kernel's 64 (the Q2_K
-// kernel took 79 once, a CTA fewer a SM: 1.52 -> 1.79 ms a token). More than 32 warps lost on
-// the H200 (48 registers for 40: Q2_K gate/up 7.00 -> 7.43 ms a step, the dense Q4_K / Q6_K
-// GEMVs 7.14, the head alone no change; eleventh session).
-template <int kMinWarps, int kSlices>
+// The CTAs a SM the experts' kernel of kSlices is compiled to hold at once: 32 resident warps a
+// SM, at least 2 CTAs (__launch_bounds__' second argument; ptxas then holds the registers to 64:
+// Q2_K 61, Q3_K 64 without spills, 80 and 3 CTAs as ptxas would choose). With 1 ptxas may take
+// more (the Q2_K kernel took 79 once, a CTA fewer a SM: 1.52 -> 1.79 ms a token). More than 32
+// warps lost on the H200 (48 registers for 40: Q2_K gate/up 7.00 -> 7.43 ms a step, the dense
+// Q4_K / Q6_K GEMVs 7.14, the head alone no change; eleventh session).
+template <int kSlices>
 __host__ __device__ constexpr int min_ctas() {
+  constexpr int kMinWarps = 32;
   return kMinWarps / cta_warps<kSlices>() > 2 ? kMinWarps / cta_warps<kSlices>() : 2;
 }
 
@@ -418,7 +415,7 @@ struct ExpertMma {
 };
 
 template <class Block, int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, (min_ctas<Block::kMinWarps, kSlices>()))
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, (min_ctas<kSlices>()))
     experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
