@@ -143,6 +143,34 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
   __syncthreads();
 }
 
+// An L1 prefetch of the first `blocks` blocks (every kSlices-th from its slice) this warp's rows
+// take in the CTA's first tile, before the kernel needs them: lane t takes the 32-byte sectors
+// t / 2, t / 2 + 2, .. of row g (t even) or g + 8 (t odd) of each block, the last sector by its
+// last byte. No registers are held (the earlier trials that loaded ahead into registers lost
+// CTAs a SM), and mma_rows' loads of these blocks then hit L1.
+template <int kBytes, int kSlices, int kCtaWarps>
+__device__ __forceinline__ void prefetch_first(const LinearParams& p, int64_t n_blocks, int tiles_per_cta, int blocks,
+                                               bool l2) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices, t = lane & 3;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * tiles_per_cta * (kCtaWarps / kSlices) + warp / kSlices) * 16;
+  if (r0 >= p.rows) return;
+  const int64_t row = min(r0 + (lane >> 2) + (t & 1) * 8, p.rows - 1);
+  const uint8_t* base = p.w + row * p.row_bytes;
+  for (int i = 0; i < blocks; ++i) {
+    const int64_t blk = slice + static_cast<int64_t>(i) * kSlices;
+    if (blk >= n_blocks) break;
+#pragma unroll
+    for (int k = 0; k < (kBytes + 31) / 32; k += 2) {
+      const int off = min(32 * (k + (t >> 1)), kBytes - 1);
+      if (l2) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + blk * kBytes + off));
+      } else {
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(base + blk * kBytes + off));
+      }
+    }
+  }
+}
+
 // A CTA's tiles: tiles_per_cta consecutive ones from blockIdx.x's first, on the digits split
 // once (the split costs about as much as a tile of Q2_K rows).
 template <class Block, int kSlices, int kCtaWarps>
@@ -389,12 +417,17 @@ struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
+  int early_blocks;  // prefetch_first's blocks (early_blocks())
+  bool early_l2;     // ... into L2 instead of L1
 };
 
+// The weights are no earlier kernel's output: their first blocks are prefetched before the wait
+// for x (under programmatic launch, while the kernel before may still run).
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(const __grid_constant__ MmaBatch b) {
-  cuda::await_inputs();
   const LinearParams& p = b.p[blockIdx.y];
+  if (b.early_blocks > 0) prefetch_first<Block::kBytes, kSlices, cta_warps<kSlices>()>(p, b.n_blocks, b.tiles_per_cta, b.early_blocks, b.early_l2);
+  cuda::await_inputs();
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
@@ -412,6 +445,8 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
+  int early_blocks;  // prefetch_first's blocks (early_blocks()), after the wait for the ids
+  bool early_l2;     // ... into L2 instead of L1
 };
 
 template <class Block, int kSlices>
@@ -425,6 +460,7 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32, (min_ctas<kSlices>(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
+  if (b.early_blocks > 0) prefetch_first<Block::kBytes, kSlices, cta_warps<kSlices>()>(p, b.n_blocks, b.tiles_per_cta, b.early_blocks, b.early_l2);
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
@@ -539,6 +575,21 @@ Status check_blocks(int64_t n_blocks) {
       absl::StrCat("tensor-core GEMV: ", n_blocks * 256, " columns exceed its ", kMaxMmaBlocks * 256));
 }
 
+// DSF_MMA_EARLY=10 e + d, for measurement: the blocks prefetch_first takes in the dense GEMVs (d,
+// before the wait for x) and in the routed experts' (e, before the split of x). 0: none.
+std::pair<int, int> early_blocks() {
+  static const std::pair<int, int> v = [] {
+    const long long m = env_int("DSF_MMA_EARLY", 0);
+    return std::pair<int, int>(static_cast<int>(m % 10), static_cast<int>(m / 10 % 10));
+  }();
+  return v;
+}
+
+bool early_l2() {  // DSF_MMA_EARLY_L2=1: prefetch_first into L2 (measurement)
+  static const bool v = env_int("DSF_MMA_EARLY_L2", 0) != 0;
+  return v;
+}
+
 }  // namespace
 
 bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows, p[0].cols, n); }
@@ -546,6 +597,8 @@ bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows,
 Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
+  b.early_blocks = early_blocks().first;
+  b.early_l2 = early_l2();
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
   // At most 16 slices (DSF_MMA_Q4K_SLICES, for measurement). At 6cca49b 8 was better (the
@@ -574,7 +627,8 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
+  const ExpertMma b{p,  ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1,
+                    early_blocks().second, early_l2()};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
