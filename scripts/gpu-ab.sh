@@ -39,8 +39,10 @@ for ((round = 1; round <= ${ROUNDS:-2}; ++round)); do
   for v in "$@"; do
     envs=()
     [[ $v == base ]] || IFS=, read -r -a envs <<< "$v"
+    run_bin=$bin  # DSF_BIN=PATH in a variant: another build of dsflash (a code change against its base)
+    for e in "${envs[@]}"; do [[ $e == DSF_BIN=* ]] && run_bin=${e#DSF_BIN=}; done
     echo "== round $round: $v" >> "$log"
-    env "${envs[@]}" "$bin" bench --backend "${BACKEND:-cuda}" --model "$model" --prompt "${PROMPT:-64}" \
+    env "${envs[@]}" "$run_bin" bench --backend "${BACKEND:-cuda}" --model "$model" --prompt "${PROMPT:-64}" \
       --decode "${DECODE:-64}" --runs "${RUNS:-3}" --csv "$csv" --label "${LABEL:-perf-pooled} ${v//,/ }" \
       >> "$log" 2>&1 || { echo "gpu-ab: the run of $v failed (see $log)" >&2; exit 1; }
   done

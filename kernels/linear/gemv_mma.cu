@@ -93,8 +93,9 @@ __device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
 
 // Where a lane works. A warp takes 16 rows (lane (g, t): rows g and g + 8, the mma's A rows)
 // and every kSlices-th block of them; a CTA holds kCtaWarps / kSlices such row groups. B's
-// column g is digit g of x (lanes g >= 4: zero), so the int32 result's columns 2t, 2t + 1 are
-// digits 2t, 2t + 1 (lanes t >= 2: zero); w0, w1 weigh them (128^-digit).
+// column g is digit g of x (lanes g >= 4: digit g - 4 again, lane_digits), so the int32
+// result's columns 2t, 2t + 1 are digits 2t, 2t + 1 (lanes t >= 2: those copies); w0, w1 weigh
+// them (128^-digit; 0 for t >= 2).
 struct Lane {
   int g, t;
   float w0, w1;
@@ -110,6 +111,14 @@ struct Lane {
   __device__ __forceinline__ static float exp2f_exact(int e) { return __int_as_float((e + 127) << 23); }
 };
 
+// Where lane (g, t) reads B, x's digit g, in block blk: at column kStride t of digit row g % 4.
+// Lanes g >= 4 give B's columns 4..7, whose results land in lanes t >= 2 and are weighed by 0
+// (Lane::digits), so they read a digit row too rather than zeros: no predicate on the loads.
+template <int kStride>
+__device__ __forceinline__ const int8_t* lane_digits(const XDigits& x, int64_t blk, const Lane& ln) {
+  return x.digit(blk, ln.g & (kDigits - 1)) + kStride * ln.t;
+}
+
 // The rows of one tile (kCtaWarps / kSlices row groups of 16): each lane's partial sums (rows
 // g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
 // so the result does not depend on timing. Ends with the CTA in step, so the next tile may
@@ -124,8 +133,10 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
   const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
   const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
+  const uint8_t *ba = row_a + slice * Block::kBytes, *bb = row_b + slice * Block::kBytes;
   for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
-    Block::add(row_a + blk * Block::kBytes, row_b + blk * Block::kBytes, x, blk, ln, &acc_a, &acc_b);
+    Block::add(ba, bb, x, blk, ln, &acc_a, &acc_b);
+    ba += kSlices * Block::kBytes, bb += kSlices * Block::kBytes;
   }
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
@@ -200,8 +211,7 @@ struct Q4KBlock {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int s = 2 * c + h;
-        const uint2 xv =
-            ln.g < kDigits ? *reinterpret_cast<const uint2*>(x.digit(xblk, ln.g) + 32 * s + 8 * ln.t) : make_uint2(0, 0);
+        const uint2 xv = *reinterpret_cast<const uint2*>(lane_digits<8>(x, xblk, ln) + 32 * s);
         int d[4] = {0, 0, 0, 0};
         mma_s8(d, nibbles(qa.x, h), nibbles(qb.x, h), nibbles(qa.y, h), nibbles(qb.y, h), xv);
         va0 += ha.sc(s) * d[0], va1 += ha.sc(s) * d[1];
@@ -239,9 +249,7 @@ struct Q2KBlock {
       for (int j = 0; j < 4; ++j) {
         uint32_t a[4];
         rows.a(n, j, a);
-        const uint2 xv = ln.g < kDigits
-                             ? *reinterpret_cast<const uint2*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 8 * ln.t)
-                             : make_uint2(0, 0);
+        const uint2 xv = *reinterpret_cast<const uint2*>(lane_digits<8>(x, xblk, ln) + 128 * n + 32 * j);
         mma_s8(v, a[0], a[1], a[2], a[3], xv);
       }
     }
@@ -271,9 +279,7 @@ __device__ __forceinline__ void k16_subblocks(const Row& ra, const Row& rb, cons
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int s = 8 * n + 2 * j + h;
-        const uint32_t xv =
-            ln.g < kDigits ? *reinterpret_cast<const uint32_t*>(x.digit(xblk, ln.g) + 128 * n + 32 * j + 16 * h + 4 * ln.t)
-                           : 0u;
+        const uint32_t xv = *reinterpret_cast<const uint32_t*>(lane_digits<4>(x, xblk, ln) + 128 * n + 32 * j + 16 * h);
         int d[4] = {0, 0, 0, 0};
         mma_s8_k16(d, ra.codes(n, h, j), rb.codes(n, h, j), xv);
         const int ca = ra.scale(s), cb = rb.scale(s);
