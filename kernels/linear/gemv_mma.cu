@@ -412,10 +412,10 @@ __host__ __device__ constexpr int cta_warps() {
 // more (the Q2_K kernel took 79 once, a CTA fewer a SM: 1.52 -> 1.79 ms a token). More than 32
 // warps lost on the H200 (48 registers for 40: Q2_K gate/up 7.00 -> 7.43 ms a step, the dense
 // Q4_K / Q6_K GEMVs 7.14, the head alone no change; eleventh session).
-template <int kSlices>
+template <int kCtaWarps>
 __host__ __device__ constexpr int min_ctas() {
   constexpr int kMinWarps = 32;
-  return kMinWarps / cta_warps<kSlices>() > 2 ? kMinWarps / cta_warps<kSlices>() : 2;
+  return kMinWarps / kCtaWarps > 2 ? kMinWarps / kCtaWarps : 2;
 }
 
 // Products of one shape, each its own weights and x (blockIdx.y picks one).
@@ -455,8 +455,10 @@ struct ExpertMma {
   bool early_l2;     // ... into L2 instead of L1
 };
 
-template <class Block, int kSlices>
-__global__ void __launch_bounds__(cta_warps<kSlices>() * 32, (min_ctas<kSlices>()))
+// kCtaWarps: cta_warps<kSlices>(), or 16 (DSF_EXPERT_WARPS=16, measurement: one split of x
+// for twice the rows).
+template <class Block, int kSlices, int kCtaWarps>
+__global__ void __launch_bounds__(kCtaWarps * 32, (min_ctas<kCtaWarps>()))
     experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
@@ -466,9 +468,9 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32, (min_ctas<kSlices>(
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  if (b.early_blocks > 0) prefetch_first<Block::kBytes, kSlices, cta_warps<kSlices>()>(p, b.n_blocks, b.tiles_per_cta, b.early_blocks, b.early_l2);
+  if (b.early_blocks > 0) prefetch_first<Block::kBytes, kSlices, kCtaWarps>(p, b.n_blocks, b.tiles_per_cta, b.early_blocks, b.early_l2);
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
-  mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
+  mma_tiles<Block, kSlices, kCtaWarps>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
@@ -493,7 +495,7 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
 // of one).
 template <template <int> class K, int kSlices, typename Arg>
 Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
-  constexpr int kCtaWarps = cta_warps<kSlices>();
+  constexpr int kCtaWarps = K<kSlices>::kCtaWarps;
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;  // as mma_tiles
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
   const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
@@ -545,15 +547,16 @@ struct DenseMma {
   template <int kSlices>
   struct K {
     static constexpr auto fn = dense_mma_kernel<Block, kSlices>;
+    static constexpr int kCtaWarps = cta_warps<kSlices>();
   };
 };
-template <int kSlices>
-struct Q2KExpertsMma {
-  static constexpr auto fn = experts_mma_kernel<Q2KBlock, kSlices>;
-};
-template <int kSlices>
-struct Q3KExpertsMma {
-  static constexpr auto fn = experts_mma_kernel<Q3KBlock, kSlices>;
+template <class Block, int kMinCtaWarps>
+struct ExpertsMma {
+  template <int kSlices>
+  struct K {
+    static constexpr int kCtaWarps = cta_warps<kSlices>() > kMinCtaWarps ? cta_warps<kSlices>() : kMinCtaWarps;
+    static constexpr auto fn = experts_mma_kernel<Block, kSlices, kCtaWarps>;
+  };
 };
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 1 the tensor cores from ~4k (16-row
 // group, block) pairs a launch, else (default 2) the tensor cores at every size.
@@ -637,8 +640,13 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
                     early_blocks().second, early_l2()};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  if (type == quant::GgmlType::kQ3_K) return launch_mma<Q3KExpertsMma>(p.rows, b.n_blocks, products, st, b);
-  return launch_mma<Q2KExpertsMma>(p.rows, b.n_blocks, products, st, b);
+  static const bool wide = env_int("DSF_EXPERT_WARPS", 8) == 16;
+  if (type == quant::GgmlType::kQ3_K) {
+    if (wide) return launch_mma<ExpertsMma<Q3KBlock, 16>::K>(p.rows, b.n_blocks, products, st, b);
+    return launch_mma<ExpertsMma<Q3KBlock, kWarps>::K>(p.rows, b.n_blocks, products, st, b);
+  }
+  if (wide) return launch_mma<ExpertsMma<Q2KBlock, 16>::K>(p.rows, b.n_blocks, products, st, b);
+  return launch_mma<ExpertsMma<Q2KBlock, kWarps>::K>(p.rows, b.n_blocks, products, st, b);
 }
 
 }  // namespace dsflash::kernels
