@@ -154,34 +154,6 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
   __syncthreads();
 }
 
-// An L1 prefetch of the first `blocks` blocks (every kSlices-th from its slice) this warp's rows
-// take in the CTA's first tile, before the kernel needs them: lane t takes the 32-byte sectors
-// t / 2, t / 2 + 2, .. of row g (t even) or g + 8 (t odd) of each block, the last sector by its
-// last byte. No registers are held (the earlier trials that loaded ahead into registers lost
-// CTAs a SM), and mma_rows' loads of these blocks then hit L1.
-template <int kBytes, int kSlices, int kCtaWarps>
-__device__ __forceinline__ void prefetch_first(const LinearParams& p, int64_t n_blocks, int tiles_per_cta, int blocks,
-                                               bool l2) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices, t = lane & 3;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * tiles_per_cta * (kCtaWarps / kSlices) + warp / kSlices) * 16;
-  if (r0 >= p.rows) return;
-  const int64_t row = min(r0 + (lane >> 2) + (t & 1) * 8, p.rows - 1);
-  const uint8_t* base = p.w + row * p.row_bytes;
-  for (int i = 0; i < blocks; ++i) {
-    const int64_t blk = slice + static_cast<int64_t>(i) * kSlices;
-    if (blk >= n_blocks) break;
-#pragma unroll
-    for (int k = 0; k < (kBytes + 31) / 32; k += 2) {
-      const int off = min(32 * (k + (t >> 1)), kBytes - 1);
-      if (l2) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + blk * kBytes + off));
-      } else {
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(base + blk * kBytes + off));
-      }
-    }
-  }
-}
-
 // A CTA's tiles: tiles_per_cta consecutive ones from blockIdx.x's first, on the digits split
 // once (the split costs about as much as a tile of Q2_K rows).
 template <class Block, int kSlices, int kCtaWarps>
@@ -406,7 +378,7 @@ __host__ __device__ constexpr int cta_warps() {
   return kSlices > kWarps ? kSlices : kWarps;
 }
 
-// The CTAs a SM the experts' kernel of kSlices is compiled to hold at once: 32 resident warps a
+// The CTAs a SM the experts' kernel of kCtaWarps warps is compiled to hold at once: 32 resident warps a
 // SM, at least 2 CTAs (__launch_bounds__' second argument; ptxas then holds the registers to 64:
 // Q2_K 61, Q3_K 64 without spills, 80 and 3 CTAs as ptxas would choose). With 1 ptxas may take
 // more (the Q2_K kernel took 79 once, a CTA fewer a SM: 1.52 -> 1.79 ms a token). More than 32
@@ -423,17 +395,12 @@ struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
-  int early_blocks;  // prefetch_first's blocks (early_blocks())
-  bool early_l2;     // ... into L2 instead of L1
 };
 
-// The weights are no earlier kernel's output: their first blocks are prefetched before the wait
-// for x (under programmatic launch, while the kernel before may still run).
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(const __grid_constant__ MmaBatch b) {
-  const LinearParams& p = b.p[blockIdx.y];
-  if (b.early_blocks > 0) prefetch_first<Block::kBytes, kSlices, cta_warps<kSlices>()>(p, b.n_blocks, b.tiles_per_cta, b.early_blocks, b.early_l2);
   cuda::await_inputs();
+  const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
 }
@@ -451,12 +418,10 @@ struct ExpertMma {
   float* y2;
   int64_t expert_bytes2;
   int tiles_per_cta;
-  int early_blocks;  // prefetch_first's blocks (early_blocks()), after the wait for the ids
-  bool early_l2;     // ... into L2 instead of L1
 };
 
-// kCtaWarps: cta_warps<kSlices>(), or 16 (DSF_EXPERT_WARPS=16, measurement: one split of x
-// for twice the rows).
+// kCtaWarps: kExpertWarps (or more for more slices; DSF_EXPERT_WARPS=8, measurement: the
+// earlier 8).
 template <class Block, int kSlices, int kCtaWarps>
 __global__ void __launch_bounds__(kCtaWarps * 32, (min_ctas<kCtaWarps>()))
     experts_mma_kernel(const __grid_constant__ ExpertMma b) {
@@ -468,7 +433,6 @@ __global__ void __launch_bounds__(kCtaWarps * 32, (min_ctas<kCtaWarps>()))
   p.w += static_cast<int64_t>(b.ids[k]) * stride;
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
-  if (b.early_blocks > 0) prefetch_first<Block::kBytes, kSlices, kCtaWarps>(p, b.n_blocks, b.tiles_per_cta, b.early_blocks, b.early_l2);
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, kCtaWarps>(p, x, b.n_blocks, b.tiles_per_cta);
 }
@@ -550,6 +514,11 @@ struct DenseMma {
     static constexpr int kCtaWarps = cta_warps<kSlices>();
   };
 };
+// The routed experts' CTAs: 16 warps (at 2 CTAs a SM, the same 32 resident warps), so each
+// split of x serves twice the rows of 8 (the split was ~21 % of the Q2_K gate/up's
+// instructions). H200, perf preset pooled, two interleaved rounds: graph step 6.74 / 6.78 ms
+// against 6.87 / 6.90 with 8 (9ae9da0).
+constexpr int kExpertWarps = 16;
 template <class Block, int kMinCtaWarps>
 struct ExpertsMma {
   template <int kSlices>
@@ -584,21 +553,6 @@ Status check_blocks(int64_t n_blocks) {
       absl::StrCat("tensor-core GEMV: ", n_blocks * 256, " columns exceed its ", kMaxMmaBlocks * 256));
 }
 
-// DSF_MMA_EARLY=10 e + d, for measurement: the blocks prefetch_first takes in the dense GEMVs (d,
-// before the wait for x) and in the routed experts' (e, before the split of x). 0: none.
-std::pair<int, int> early_blocks() {
-  static const std::pair<int, int> v = [] {
-    const long long m = env_int("DSF_MMA_EARLY", 0);
-    return std::pair<int, int>(static_cast<int>(m % 10), static_cast<int>(m / 10 % 10));
-  }();
-  return v;
-}
-
-bool early_l2() {  // DSF_MMA_EARLY_L2=1: prefetch_first into L2 (measurement)
-  static const bool v = env_int("DSF_MMA_EARLY_L2", 0) != 0;
-  return v;
-}
-
 }  // namespace
 
 bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows, p[0].cols, n); }
@@ -606,8 +560,6 @@ bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows,
 Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearParams* p, int n) {
   MmaBatch b{};
   b.n_blocks = p[0].cols / 256;
-  b.early_blocks = early_blocks().first;
-  b.early_l2 = early_l2();
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
   // At most 16 slices (DSF_MMA_Q4K_SLICES, for measurement). At 6cca49b 8 was better (the
@@ -636,17 +588,16 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const int products = w2 != nullptr ? 2 * n : n;
   if (n > kMaxGemvBatch) return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: ", n, " products"));
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
-  const ExpertMma b{p,  ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1,
-                    early_blocks().second, early_l2()};
+  const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  static const bool wide = env_int("DSF_EXPERT_WARPS", 8) == 16;
+  static const bool narrow = env_int("DSF_EXPERT_WARPS", kExpertWarps) == kWarps;
   if (type == quant::GgmlType::kQ3_K) {
-    if (wide) return launch_mma<ExpertsMma<Q3KBlock, 16>::K>(p.rows, b.n_blocks, products, st, b);
-    return launch_mma<ExpertsMma<Q3KBlock, kWarps>::K>(p.rows, b.n_blocks, products, st, b);
+    if (narrow) return launch_mma<ExpertsMma<Q3KBlock, kWarps>::K>(p.rows, b.n_blocks, products, st, b);
+    return launch_mma<ExpertsMma<Q3KBlock, kExpertWarps>::K>(p.rows, b.n_blocks, products, st, b);
   }
-  if (wide) return launch_mma<ExpertsMma<Q2KBlock, 16>::K>(p.rows, b.n_blocks, products, st, b);
-  return launch_mma<ExpertsMma<Q2KBlock, kWarps>::K>(p.rows, b.n_blocks, products, st, b);
+  if (narrow) return launch_mma<ExpertsMma<Q2KBlock, kWarps>::K>(p.rows, b.n_blocks, products, st, b);
+  return launch_mma<ExpertsMma<Q2KBlock, kExpertWarps>::K>(p.rows, b.n_blocks, products, st, b);
 }
 
 }  // namespace dsflash::kernels
