@@ -208,23 +208,27 @@ struct Q4KBlock {
 // Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in sub-block 8n + 2j + l / 16; lane t
 // takes l = 8t .. 8t + 7 (two word loads per row and n, for all four j): one sub-block's codes,
 // so its 4-bit scale is folded into A (a packed multiply: code x scale <= 45, no byte carries)
-// and one int32 result gathers the whole block.
+// and one int32 result gathers the whole block. The odd bit pairs' codes stay where they lie in
+// their bytes (4 x, up to 180: unsigned A), a shift fewer a word, into a second sum (Q2KRows::a_pair).
 struct Q2KBlock {
   static constexpr int kBytes = 84, kSub = 16;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
     const Q2KRows rows(ba, bb, ln.t);
-    int v[4] = {0, 0, 0, 0};
+    int v[4] = {0, 0, 0, 0}, v4[4] = {0, 0, 0, 0};  // v4: the odd bit pairs' sums, 4 x theirs
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t a[4];
-        rows.a(n, j, a);
-        const uint2 xv = *reinterpret_cast<const uint2*>(lane_digits<8>(x, xblk, ln) + 128 * n + 32 * j);
-        mma_s8(v, a[0], a[1], a[2], a[3], xv);
+      for (int p = 0; p < 2; ++p) {
+        uint32_t even[4], odd4[4];
+        rows.a_pair(n, p, even, odd4);
+        const int8_t* xd = lane_digits<8>(x, xblk, ln) + 128 * n + 64 * p;
+        mma_u8s8(v, even[0], even[1], even[2], even[3], *reinterpret_cast<const uint2*>(xd));
+        mma_u8s8(v4, odd4[0], odd4[1], odd4[2], odd4[3], *reinterpret_cast<const uint2*>(xd + 32));
       }
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] += v4[i] >> 2;  // exact: v4 is 4 x an integer
     // The mins (m_s: the high nibble of scale byte s) on one more mma, A row r's k = s, B
     // mins_table<16>'s operand.
     int m[4] = {0, 0, 0, 0};
@@ -261,36 +265,66 @@ __device__ __forceinline__ void k16_subblocks(const Row& ra, const Row& rb, cons
   }
 }
 
+// Block::add_rows<true> (word loads) where every lane's two blocks are 4-byte aligned, else
+// add_rows<false> (half-word pairs) for the 2-byte aligned Q3_K and Q6_K blocks. A block's
+// words share its alignment, so in rows of a length a multiple of 4 the even blocks take words.
+// The choice is the warp's (a vote): the mma instructions need the whole warp on one path.
+template <class Block>
+__device__ __forceinline__ void add_by_alignment(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                                 const Lane& ln, float* acc_a, float* acc_b) {
+  const bool aligned = ((reinterpret_cast<uintptr_t>(ba) | reinterpret_cast<uintptr_t>(bb)) & 2) == 0;
+  if (__all_sync(0xffffffffu, aligned)) {
+    Block::template add_rows<true>(ba, bb, x, xblk, ln, acc_a, acc_b);
+  } else {
+    Block::template add_rows<false>(ba, bb, x, xblk, ln, acc_a, acc_b);
+  }
+}
+
 // Q3_K (110-byte blocks, 2-byte aligned: hmask[32], qs[64], 12 bytes of 6-bit scales, d).
 // Column 128n + 32j + l has code c = ((qs[32n + l] >> 2j) & 3) | (bit 4n + j of hmask[l]) << 2
 // in sub-block s = 8n + 2j + l / 16 and value d (u_s - 32)(c - 4), u_s the unsigned 6-bit
 // scale. As Q6KBlock multiplies: one mma.m16n8k16 a sub-block, lane t taking l = 16h + 4t ..
-// 4t + 3 of (n, j)'s 32 columns (A: the codes c, 0..7, as they are), its int32 result scaled by
-// u_s - 32 in int32; the -4 comes from the digits' 16-column sums on one more mma. 16 + 1 mmas
+// 4t + 3 of (n, j)'s 32 columns (A: the codes c, 0..7, times 4^min(j, 2): their bits stay in
+// place, a shift fewer a word), its int32 result scaled by (u_s - 32) 4^(2 - min(j, 2)) in int32
+// (so 16 x the sum, |16 x| < 2^30); the -4 comes from the digits' 16-column sums on one more mma. 16 + 1 mmas
 // a block (the earlier form folded u_s into the codes in two parts on three m16n8k32 a 32
 // columns, 24 + 1; the same int32 sums, so bit for bit the same products): H200, perf preset
 // pooled, graph step 6.94 / 6.99 against 7.00 / 7.01 ms (two interleaved rounds).
 struct Q3KBlock {
   static constexpr int kBytes = 110, kSub = 16;
+  template <bool kAligned>
   struct Row {
     __device__ __forceinline__ Row(const uint8_t* blk, int t) {
-      Q3KRow::scales(blk, u);
+      Q3KRow::scales<kAligned>(blk, u);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        hm[h] = Q3KRow::word(blk + 16 * h + 4 * t);
+        hm[h] = Q3KRow::word_at<kAligned>(blk + 16 * h + 4 * t);
 #pragma unroll
-        for (int n = 0; n < 2; ++n) qs[n][h] = Q3KRow::word(blk + 32 + 32 * n + 16 * h + 4 * t);
+        for (int n = 0; n < 2; ++n) qs[n][h] = Q3KRow::word_at<kAligned>(blk + 32 + 32 * n + 16 * h + 4 * t);
       }
       d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
     }
-    __device__ __forceinline__ uint32_t codes(int n, int h, int j) const { return Q3KRow::codes_of(qs[n][h], hm[h], n, j); }
-    __device__ __forceinline__ int scale(int s) const { return byte_of(u[s / 4], s % 4) - 32; }
+    // The codes of bit pair j, 4^e times (e = min(j, 2)): the qs bits masked where they lie
+    // (j = 3: shifted down once), the hmask bit moved to just above them; at most 7 x 16.
+    __device__ __forceinline__ uint32_t codes(int n, int h, int j) const {
+      const int e = j < 2 ? j : 2, to = 2 * e + 2, from = 4 * n + j;
+      const uint32_t lo = (j == 3 ? qs[n][h] >> 2 : qs[n][h]) & (0x03030303u << (2 * e));
+      const uint32_t hi = to >= from ? hm[h] << (to - from) : hm[h] >> (from - to);
+      return lo | (hi & (0x04040404u << (2 * e)));
+    }
+    // u_s - 32 times 4^(2 - e) of sub-block s's bit pair j (codes()): every sub-block's sum
+    // comes out 16 x its own.
+    __device__ __forceinline__ int scale(int s) const {
+      const int j = (s % 8) / 2, m = 1 << (2 * (2 - (j < 2 ? j : 2)));
+      return byte_of(u[s / 4], s % 4) * m - 32 * m;
+    }
     uint32_t u[4], qs[2][2], hm[2];
     float d;
   };
-  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
-                                             const Lane& ln, float* acc_a, float* acc_b) {
-    const Row ra(ba, ln.t), rb(bb, ln.t);
+  template <bool kAligned>
+  __device__ __forceinline__ static void add_rows(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                                  const Lane& ln, float* acc_a, float* acc_b) {
+    const Row<kAligned> ra(ba, ln.t), rb(bb, ln.t);
     int v[4];
     k16_subblocks(ra, rb, x, xblk, ln, v);
     // The -4 offset: (u_s - 32) times the digits' sub-block sums, on one more mma (A row r's
@@ -299,8 +333,14 @@ struct Q3KBlock {
     mma_s8(g, __vsub4(word_at(ra.u, ln.t), 0x20202020u), __vsub4(word_at(rb.u, ln.t), 0x20202020u), 0u, 0u,
            make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
     const float S = x.scale[xblk];
-    *acc_a += S * ra.d * (ln.digits(v[0], v[1]) - 4.0f * ln.mins(g[0], g[1]));
-    *acc_b += S * rb.d * (ln.digits(v[2], v[3]) - 4.0f * ln.mins(g[2], g[3]));
+    *acc_a += S * ra.d * (0.0625f * ln.digits(v[0], v[1]) - 4.0f * ln.mins(g[0], g[1]));  // v: 16 x (Row::scale)
+    *acc_b += S * rb.d * (0.0625f * ln.digits(v[2], v[3]) - 4.0f * ln.mins(g[2], g[3]));
+  }
+  // Word loads on 4-byte aligned blocks (even ones, in rows of 4-byte aligned length), else
+  // half-word pairs (add_by_alignment).
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    add_by_alignment<Q3KBlock>(ba, bb, x, xblk, ln, acc_a, acc_b);
   }
 };
 
@@ -312,13 +352,6 @@ struct Q3KBlock {
 // No mins: the -32 is in the codes.
 struct Q6KBlock {
   static constexpr int kBytes = 210, kSub = 0;
-  // The little-endian word at p (2-byte aligned): one load where kAligned (p 4-byte aligned),
-  // else Q3KRow's two half-words.
-  template <bool kAligned>
-  __device__ __forceinline__ static uint32_t word(const uint8_t* p) {
-    if constexpr (kAligned) return *reinterpret_cast<const uint32_t*>(p);
-    return Q3KRow::word(p);
-  }
   // A row's words lane t multiplies, every one loaded before any is used (12 of codes, 4 of
   // scales and d): half h of 128-column half n has ql for j = 0, 2 (ql[n][h][0]) and j = 1, 3
   // (ql[n][h][1]) and qh[n][h].
@@ -330,13 +363,13 @@ struct Q6KBlock {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int l = 16 * h + 4 * t;
-          ql[n][h][0] = word<kAligned>(blk + 64 * n + l);
-          ql[n][h][1] = word<kAligned>(blk + 64 * n + 32 + l);
-          qh[n][h] = word<kAligned>(blk + 128 + 32 * n + l);
+          ql[n][h][0] = Q3KRow::word_at<kAligned>(blk + 64 * n + l);
+          ql[n][h][1] = Q3KRow::word_at<kAligned>(blk + 64 * n + 32 + l);
+          qh[n][h] = Q3KRow::word_at<kAligned>(blk + 128 + 32 * n + l);
         }
       }
 #pragma unroll
-      for (int k = 0; k < 4; ++k) sc[k] = word<kAligned>(blk + 192 + 4 * k);
+      for (int k = 0; k < 4; ++k) sc[k] = Q3KRow::word_at<kAligned>(blk + 192 + 4 * k);
       d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 208)));
     }
     // The A operand of sub-block 8n + 2j + h: the codes minus 32, bytewise.
@@ -358,18 +391,10 @@ struct Q6KBlock {
     *acc_a += S * ra.d * ln.digits(v[0], v[1]);
     *acc_b += S * rb.d * ln.digits(v[2], v[3]);
   }
-  // Word loads where every lane's two blocks are 4-byte aligned (a block's words share its
-  // alignment; with rows of an even number of blocks, the released model's, they all are or
-  // none is), else half-word pairs. The choice is the warp's (a vote): the mma instructions
-  // need the whole warp on one path.
+  // Word loads where the blocks are 4-byte aligned, else half-word pairs (add_by_alignment).
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    const bool aligned = ((reinterpret_cast<uintptr_t>(ba) | reinterpret_cast<uintptr_t>(bb)) & 2) == 0;
-    if (__all_sync(0xffffffffu, aligned)) {
-      add_rows<true>(ba, bb, x, xblk, ln, acc_a, acc_b);
-    } else {
-      add_rows<false>(ba, bb, x, xblk, ln, acc_a, acc_b);
-    }
+    add_by_alignment<Q6KBlock>(ba, bb, x, xblk, ln, acc_a, acc_b);
   }
 };
 

@@ -26,6 +26,14 @@ __device__ __forceinline__ void mma_s8(int (&d)[4], uint32_t a0, uint32_t a1, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
 }
 
+// mma_s8 with A unsigned (u8: codes times a scale up to 255).
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint2 b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b.x), "r"(b.y));
+}
+
 // d += A B with k = 16: A 16 x 16 (lane (g, t): rows g and g + 8, k = 4t..), B 16 x 8 (column g,
 // the same k).
 __device__ __forceinline__ void mma_s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
@@ -144,6 +152,23 @@ struct Q2KRows {
 #pragma unroll
     for (int k = 0; k < 4; ++k) out[k] = ((q[n][k] >> (2 * j)) & 0x03030303u) * (k % 2 == 0 ? fa : fb);
   }
+  // The A operands of bit pairs j = 2p and 2p + 1 of half n, cheaper than two a(): even[] as
+  // a(n, 2p), odd4[] 4 x a(n, 2p + 1) (the codes masked where they lie, bits 2..3 of each byte:
+  // up to 180, so unsigned; its mma sums are 4 x theirs, exactly). Each scale is one byte
+  // permute of a masked scale word: bytes h and 2 + h (h = t / 2) of word 2n + p.
+  __device__ __forceinline__ void a_pair(int n, int p, uint32_t (&even)[4], uint32_t (&odd4)[4]) const {
+    const int w = 2 * n + p;
+    const uint32_t ma = sca[w] & 0x0f0f0f0fu, mb = scb[w] & 0x0f0f0f0fu;
+    const uint32_t sel = 0x4440u | static_cast<uint32_t>(t_ >> 1);  // byte h, zeros above
+    const uint32_t fa = __byte_perm(ma, 0u, sel), fb = __byte_perm(mb, 0u, sel);
+    const uint32_t fa4 = __byte_perm(ma, 0u, sel + 2u), fb4 = __byte_perm(mb, 0u, sel + 2u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t base = p == 0 ? q[n][k] : q[n][k] >> 4;
+      even[k] = (base & 0x03030303u) * (k % 2 == 0 ? fa : fb);
+      odd4[k] = (base & 0x0c0c0c0cu) * (k % 2 == 0 ? fa4 : fb4);
+    }
+  }
   // A of the mins' mma: a row's 4-bit mins (the scale bytes' high nibbles) at k = sub-block.
   __device__ __forceinline__ uint32_t mins_a(int row) const { return (word_at(row == 0 ? sca : scb, t_) >> 4) & 0x0f0f0f0fu; }
   uint32_t sca[4], scb[4];
@@ -167,9 +192,17 @@ struct Q3KRow {
     const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
     return h[0] | (static_cast<uint32_t>(h[1]) << 16);
   }
+  // The little-endian word at p (2-byte aligned): one load where kAligned (p 4-byte aligned),
+  // else word()'s two half-words.
+  template <bool kAligned>
+  __device__ __forceinline__ static uint32_t word_at(const uint8_t* p) {
+    if constexpr (kAligned) return *reinterpret_cast<const uint32_t*>(p);
+    return word(p);
+  }
   // The block's 16 unsigned 6-bit scales, four a word (sub-block s: byte s % 4 of u[s / 4]).
+  template <bool kAligned = false>
   __device__ __forceinline__ static void scales(const uint8_t* blk, uint32_t (&u)[4]) {
-    const uint32_t w0 = word(blk + 96), w1 = word(blk + 100), w2 = word(blk + 104);
+    const uint32_t w0 = word_at<kAligned>(blk + 96), w1 = word_at<kAligned>(blk + 100), w2 = word_at<kAligned>(blk + 104);
     const uint32_t lo[4] = {w0 & 0x0f0f0f0fu, w1 & 0x0f0f0f0fu, (w0 >> 4) & 0x0f0f0f0fu, (w1 >> 4) & 0x0f0f0f0fu};
 #pragma unroll
     for (int k = 0; k < 4; ++k) u[k] = lo[k] | (((w2 >> (2 * k)) & 0x03030303u) << 4);
