@@ -130,25 +130,30 @@ struct Q4KHeader {
 };
 
 // Two rows' Q2_K blocks (84 bytes, 4-byte aligned: scales[16] (4-bit scale | 4-bit min), qs[64],
-// d, dmin) as lane t reads them. Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in
+// d, dmin) as lane t reads them, every word loaded up front (a block's loads may be issued a
+// block ahead of its arithmetic). Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in
 // sub-block 8n + 2j + l / 16; lane t takes l = 8t .. 8t + 7, one sub-block's codes, so a(n, j)
 // folds its 4-bit scale into them (a packed multiply: code x scale <= 45, no byte carries):
-// rows a, b at k = 4t.. (columns 8t .. 8t + 3), then rows a, b at k = 16 + 4t...
+// rows a, b at k = 4t.. (columns 8t .. 8t + 3), then rows a, b at k = 16 + 4t... Lane t loads
+// scale word t of each row (sub-blocks 4t ..), the one its mins take; the others come from the
+// lanes of its quad (a shuffle instead of a load).
 struct Q2KRows {
-  __device__ __forceinline__ Q2KRows(const uint8_t* ba, const uint8_t* bb, int t) : t_(t), ba_(ba), bb_(bb) {
+  __device__ __forceinline__ Q2KRows(const uint8_t* ba, const uint8_t* bb, int t) : t_(t) {
     const uint32_t *wa = reinterpret_cast<const uint32_t*>(ba), *wb = reinterpret_cast<const uint32_t*>(bb);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) sca[k] = wa[k], scb[k] = wb[k];
+    sc[0] = wa[t], sc[1] = wb[t];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const int w = 4 + 8 * n + 2 * t;  // qs[32n + 8t ..] as words
       q[n][0] = wa[w], q[n][1] = wb[w], q[n][2] = wa[w + 1], q[n][3] = wb[w + 1];
     }
+    dd[0] = wa[20], dd[1] = wb[20];
   }
+  // Scale word w (sub-blocks 4w ..) of row a (0) or b (1): lane w of the quad's.
+  __device__ __forceinline__ uint32_t scale_word(int row, int w) const { return __shfl_sync(0xffffffffu, sc[row], w, 4); }
   __device__ __forceinline__ void a(int n, int j, uint32_t (&out)[4]) const {
     const int s = 8 * n + 2 * j + (t_ >> 1);
-    const uint32_t fa = static_cast<uint32_t>(byte_of(sca[s / 4], s % 4) & 0xf);
-    const uint32_t fb = static_cast<uint32_t>(byte_of(scb[s / 4], s % 4) & 0xf);
+    const uint32_t fa = static_cast<uint32_t>(byte_of(scale_word(0, s / 4), s % 4) & 0xf);
+    const uint32_t fb = static_cast<uint32_t>(byte_of(scale_word(1, s / 4), s % 4) & 0xf);
 #pragma unroll
     for (int k = 0; k < 4; ++k) out[k] = ((q[n][k] >> (2 * j)) & 0x03030303u) * (k % 2 == 0 ? fa : fb);
   }
@@ -158,7 +163,7 @@ struct Q2KRows {
   // permute of a masked scale word: bytes h and 2 + h (h = t / 2) of word 2n + p.
   __device__ __forceinline__ void a_pair(int n, int p, uint32_t (&even)[4], uint32_t (&odd4)[4]) const {
     const int w = 2 * n + p;
-    const uint32_t ma = sca[w] & 0x0f0f0f0fu, mb = scb[w] & 0x0f0f0f0fu;
+    const uint32_t ma = scale_word(0, w) & 0x0f0f0f0fu, mb = scale_word(1, w) & 0x0f0f0f0fu;
     const uint32_t sel = 0x4440u | static_cast<uint32_t>(t_ >> 1);  // byte h, zeros above
     const uint32_t fa = __byte_perm(ma, 0u, sel), fb = __byte_perm(mb, 0u, sel);
     const uint32_t fa4 = __byte_perm(ma, 0u, sel + 2u), fb4 = __byte_perm(mb, 0u, sel + 2u);
@@ -170,17 +175,15 @@ struct Q2KRows {
     }
   }
   // A of the mins' mma: a row's 4-bit mins (the scale bytes' high nibbles) at k = sub-block.
-  __device__ __forceinline__ uint32_t mins_a(int row) const { return (word_at(row == 0 ? sca : scb, t_) >> 4) & 0x0f0f0f0fu; }
-  uint32_t sca[4], scb[4];
-  uint32_t q[2][4];  // per half n: row a k = 4t.., row b, row a k = 16 + 4t.., row b
+  __device__ __forceinline__ uint32_t mins_a(int row) const { return (sc[row] >> 4) & 0x0f0f0f0fu; }
   // d and dmin of row a (0) or b (1) as a word of two halves (half_lo, half_hi).
-  __device__ __forceinline__ uint32_t d_dmin(int row) const {
-    return reinterpret_cast<const uint32_t*>(row == 0 ? ba_ : bb_)[20];
-  }
+  __device__ __forceinline__ uint32_t d_dmin(int row) const { return dd[row]; }
+  uint32_t sc[2];    // scale word t of rows a, b
+  uint32_t q[2][4];  // per half n: row a k = 4t.., row b, row a k = 16 + 4t.., row b
+  uint32_t dd[2];
 
  private:
   int t_;
-  const uint8_t *ba_, *bb_;
 };
 
 // A Q3_K block (110 bytes, 2-byte aligned: hmask[32], qs[64], 12 bytes of 6-bit scales, d) as
