@@ -123,7 +123,7 @@ __device__ __forceinline__ const int8_t* lane_digits(const XDigits& x, int64_t b
 // g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
 // so the result does not depend on timing. Ends with the CTA in step, so the next tile may
 // reuse the partial sums' memory.
-template <class Block, int kSlices, int kCtaWarps, bool kLookahead>
+template <class Block, int kSlices, int kCtaWarps>
 __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
   constexpr int kGroups = kCtaWarps / kSlices;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
@@ -134,26 +134,9 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
   const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
   const uint8_t *ba = row_a + slice * Block::kBytes, *bb = row_b + slice * Block::kBytes;
-  if constexpr (kLookahead) {
-    // Each block's words loaded while the block before it is multiplied (Block::load, compute).
-    if (r0 < p.rows && slice < n_blocks) {
-      typename Block::Loaded cur = Block::load(ba, bb, ln);
-      for (int64_t blk = slice;; blk += kSlices) {
-        ba += kSlices * Block::kBytes, bb += kSlices * Block::kBytes;
-        if (blk + kSlices >= n_blocks) {
-          Block::compute(cur, x, blk, ln, &acc_a, &acc_b);
-          break;
-        }
-        const typename Block::Loaded next = Block::load(ba, bb, ln);
-        Block::compute(cur, x, blk, ln, &acc_a, &acc_b);
-        cur = next;
-      }
-    }
-  } else {
-    for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
-      Block::add(ba, bb, x, blk, ln, &acc_a, &acc_b);
-      ba += kSlices * Block::kBytes, bb += kSlices * Block::kBytes;
-    }
+  for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
+    Block::add(ba, bb, x, blk, ln, &acc_a, &acc_b);
+    ba += kSlices * Block::kBytes, bb += kSlices * Block::kBytes;
   }
   acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
   acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
@@ -173,12 +156,12 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
 
 // A CTA's tiles: tiles_per_cta consecutive ones from blockIdx.x's first, on the digits split
 // once (the split costs about as much as a tile of Q2_K rows).
-template <class Block, int kSlices, int kCtaWarps, bool kLookahead = false>
+template <class Block, int kSlices, int kCtaWarps>
 __device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& x, int64_t n_blocks, int tiles_per_cta) {
   const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_cta;
   constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;
   for (int64_t tile = first; tile < first + tiles_per_cta && tile * kTileRows < p.rows; ++tile) {
-    mma_rows<Block, kSlices, kCtaWarps, kLookahead>(p, x, n_blocks, tile);
+    mma_rows<Block, kSlices, kCtaWarps>(p, x, n_blocks, tile);
   }
 }
 
@@ -229,16 +212,9 @@ struct Q4KBlock {
 // their bytes (4 x, up to 180: unsigned A), a shift fewer a word, into a second sum (Q2KRows::a_pair).
 struct Q2KBlock {
   static constexpr int kBytes = 84, kSub = 16;
-  using Loaded = Q2KRows;  // a block's words, loaded (mma_rows' look-ahead)
-  __device__ __forceinline__ static Loaded load(const uint8_t* ba, const uint8_t* bb, const Lane& ln) {
-    return Loaded(ba, bb, ln.t);
-  }
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    compute(load(ba, bb, ln), x, xblk, ln, acc_a, acc_b);
-  }
-  __device__ __forceinline__ static void compute(const Loaded& rows, const XDigits& x, int64_t xblk, const Lane& ln,
-                                                 float* acc_a, float* acc_b) {
+    const Q2KRows rows(ba, bb, ln.t);
     int v[4] = {0, 0, 0, 0}, v4[4] = {0, 0, 0, 0};  // v4: the odd bit pairs' sums, 4 x theirs
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -318,8 +294,11 @@ struct Q3KBlock {
   static constexpr int kBytes = 110, kSub = 16;
   template <bool kAligned>
   struct Row {
+    // Lane t loads and forms scale word t; the quad shares them.
     __device__ __forceinline__ Row(const uint8_t* blk, int t) {
-      Q3KRow::scales<kAligned>(blk, u);
+      const uint32_t own = Q3KRow::scale_word<kAligned>(blk, t);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) u[k] = __shfl_sync(0xffffffffu, own, k, 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         hm[h] = Q3KRow::word_at<kAligned>(blk + 16 * h + 4 * t);
@@ -472,8 +451,8 @@ struct ExpertMma {
 
 // kCtaWarps: kExpertWarps (or more for more slices; DSF_EXPERT_WARPS=8, measurement: the
 // earlier 8).
-template <class Block, int kSlices, int kCtaWarps, bool kLookahead>
-__global__ void __launch_bounds__(kCtaWarps * 32, (kLookahead ? 1 : min_ctas<kCtaWarps>()))
+template <class Block, int kSlices, int kCtaWarps>
+__global__ void __launch_bounds__(kCtaWarps * 32, (min_ctas<kCtaWarps>()))
     experts_mma_kernel(const __grid_constant__ ExpertMma b) {
   cuda::await_inputs();
   LinearParams p = b.p;
@@ -484,7 +463,7 @@ __global__ void __launch_bounds__(kCtaWarps * 32, (kLookahead ? 1 : min_ctas<kCt
   p.x += k * b.x_stride;
   p.y += k * b.y_stride;
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
-  mma_tiles<Block, kSlices, kCtaWarps, kLookahead>(p, x, b.n_blocks, b.tiles_per_cta);
+  mma_tiles<Block, kSlices, kCtaWarps>(p, x, b.n_blocks, b.tiles_per_cta);
 }
 
 // CTAs of `kernel` (threads each, smem bytes of dynamic shared memory) a SM holds; asked of the
@@ -569,12 +548,12 @@ struct DenseMma {
 // instructions). H200, perf preset pooled, two interleaved rounds: graph step 6.74 / 6.78 ms
 // against 6.87 / 6.90 with 8 (9ae9da0).
 constexpr int kExpertWarps = 16;
-template <class Block, int kMinCtaWarps, bool kLookahead = false>
+template <class Block, int kMinCtaWarps>
 struct ExpertsMma {
   template <int kSlices>
   struct K {
     static constexpr int kCtaWarps = cta_warps<kSlices>() > kMinCtaWarps ? cta_warps<kSlices>() : kMinCtaWarps;
-    static constexpr auto fn = experts_mma_kernel<Block, kSlices, kCtaWarps, kLookahead>;
+    static constexpr auto fn = experts_mma_kernel<Block, kSlices, kCtaWarps>;
   };
 };
 // DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 1 the tensor cores from ~4k (16-row
@@ -613,10 +592,9 @@ int slices_cap(const char* name) {
 }
 
 // The routed experts' launch on CTAs of at least kMinCtaWarps warps, at most `max_slices`.
-template <class Block, int kMinCtaWarps, bool kLookahead = false>
+template <class Block, int kMinCtaWarps>
 Status launch_experts(const ExpertMma& b, int64_t rows, int products, int max_slices, cudaStream_t st) {
-  return launch_mma<ExpertsMma<Block, kMinCtaWarps, kLookahead>::template K>(rows, b.n_blocks, products, st, b,
-                                                                             max_slices);
+  return launch_mma<ExpertsMma<Block, kMinCtaWarps>::template K>(rows, b.n_blocks, products, st, b, max_slices);
 }
 
 }  // namespace
@@ -659,9 +637,6 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
     return launch_experts<Q3KBlock, kExpertWarps>(b, p.rows, products, max_slices, st);
   }
   if (narrow) return launch_experts<Q2KBlock, kWarps>(b, p.rows, products, max_slices, st);
-  // DSF_EXPERT_LOOKAHEAD=1 (measurement): each warp loads its next block before multiplying one.
-  static const bool lookahead = env_int("DSF_EXPERT_LOOKAHEAD", 0) == 1;
-  if (lookahead) return launch_experts<Q2KBlock, kExpertWarps, true>(b, p.rows, products, max_slices, st);
   return launch_experts<Q2KBlock, kExpertWarps>(b, p.rows, products, max_slices, st);
 }
 

@@ -202,13 +202,17 @@ struct Q3KRow {
     if constexpr (kAligned) return *reinterpret_cast<const uint32_t*>(p);
     return word(p);
   }
-  // The block's 16 unsigned 6-bit scales, four a word (sub-block s: byte s % 4 of u[s / 4]).
+  // Word k (k < 4) of the block's 16 unsigned 6-bit scales, a byte each: sub-blocks 4k ..
+  // 4k + 3 (low 4 bits: nibble k / 2 of bytes 96 + 4 (k % 2) ..; high 2: bits 2k of bytes 104 ..).
   template <bool kAligned = false>
+  __device__ __forceinline__ static uint32_t scale_word(const uint8_t* blk, int k) {
+    const uint32_t lo = word_at<kAligned>(blk + 96 + 4 * (k & 1)), hi = word_at<kAligned>(blk + 104);
+    return ((lo >> (4 * (k >> 1))) & 0x0f0f0f0fu) | (((hi >> (2 * k)) & 0x03030303u) << 4);
+  }
+  // All four (sub-block s: byte s % 4 of u[s / 4]).
   __device__ __forceinline__ static void scales(const uint8_t* blk, uint32_t (&u)[4]) {
-    const uint32_t w0 = word_at<kAligned>(blk + 96), w1 = word_at<kAligned>(blk + 100), w2 = word_at<kAligned>(blk + 104);
-    const uint32_t lo[4] = {w0 & 0x0f0f0f0fu, w1 & 0x0f0f0f0fu, (w0 >> 4) & 0x0f0f0f0fu, (w1 >> 4) & 0x0f0f0f0fu};
 #pragma unroll
-    for (int k = 0; k < 4; ++k) u[k] = lo[k] | (((w2 >> (2 * k)) & 0x03030303u) << 4);
+    for (int k = 0; k < 4; ++k) u[k] = scale_word(blk, k);
   }
   __device__ __forceinline__ Q3KRow(const uint8_t* blk, int t) {
     scales(blk, u);
