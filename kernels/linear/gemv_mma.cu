@@ -208,8 +208,9 @@ struct Q4KBlock {
 // Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in sub-block 8n + 2j + l / 16; lane t
 // takes l = 8t .. 8t + 7 (two word loads per row and n, for all four j): one sub-block's codes,
 // so its 4-bit scale is folded into A (a packed multiply: code x scale <= 45, no byte carries)
-// and one int32 result gathers the whole block. The odd bit pairs' codes stay where they lie in
-// their bytes (4 x, up to 180: unsigned A), a shift fewer a word, into a second sum (Q2KRows::a_pair).
+// and one int32 result gathers the whole block. The odd bit pairs' codes stay where they lie
+// in their bytes (4 x, up to 180: unsigned A), a shift fewer a word, into a second sum
+// (Q2KRows::a_pair).
 struct Q2KBlock {
   static constexpr int kBytes = 84, kSub = 16;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
@@ -285,11 +286,12 @@ __device__ __forceinline__ void add_by_alignment(const uint8_t* ba, const uint8_
 // in sub-block s = 8n + 2j + l / 16 and value d (u_s - 32)(c - 4), u_s the unsigned 6-bit
 // scale. As Q6KBlock multiplies: one mma.m16n8k16 a sub-block, lane t taking l = 16h + 4t ..
 // 4t + 3 of (n, j)'s 32 columns (A: the codes c, 0..7, times 4^min(j, 2): their bits stay in
-// place, a shift fewer a word), its int32 result scaled by (u_s - 32) 4^(2 - min(j, 2)) in int32
-// (so 16 x the sum, |16 x| < 2^30); the -4 comes from the digits' 16-column sums on one more mma. 16 + 1 mmas
-// a block (the earlier form folded u_s into the codes in two parts on three m16n8k32 a 32
-// columns, 24 + 1; the same int32 sums, so bit for bit the same products): H200, perf preset
-// pooled, graph step 6.94 / 6.99 against 7.00 / 7.01 ms (two interleaved rounds).
+// place, a shift fewer a word), its int32 result scaled by (u_s - 32) 4^(2 - min(j, 2)) in
+// int32 (so 16 x the sum, |16 x| < 2^30); the -4 comes from the digits' 16-column sums on one
+// more mma. 16 + 1 mmas a block (the earlier form folded u_s into the codes in two parts on
+// three m16n8k32 a 32 columns, 24 + 1; the same int32 sums, so bit for bit the same products):
+// H200, perf preset pooled, graph step 6.94 / 6.99 against 7.00 / 7.01 ms (two interleaved
+// rounds).
 struct Q3KBlock {
   static constexpr int kBytes = 110, kSub = 16;
   template <bool kAligned>

@@ -130,13 +130,12 @@ struct Q4KHeader {
 };
 
 // Two rows' Q2_K blocks (84 bytes, 4-byte aligned: scales[16] (4-bit scale | 4-bit min), qs[64],
-// d, dmin) as lane t reads them, every word loaded up front (a block's loads may be issued a
-// block ahead of its arithmetic). Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in
-// sub-block 8n + 2j + l / 16; lane t takes l = 8t .. 8t + 7, one sub-block's codes, so a(n, j)
-// folds its 4-bit scale into them (a packed multiply: code x scale <= 45, no byte carries):
-// rows a, b at k = 4t.. (columns 8t .. 8t + 3), then rows a, b at k = 16 + 4t... Lane t loads
-// scale word t of each row (sub-blocks 4t ..), the one its mins take; the others come from the
-// lanes of its quad (a shuffle instead of a load).
+// d, dmin) as lane t reads them, every word loaded by the constructor. Column 128n + 32j + l
+// has code (qs[32n + l] >> 2j) & 3 in sub-block 8n + 2j + l / 16; lane t takes l = 8t .. 8t + 7,
+// one sub-block's codes, so a(n, j) folds its 4-bit scale into them (a packed multiply: code x
+// scale <= 45, no byte carries): rows a, b at k = 4t.. (columns 8t .. 8t + 3), then rows a, b at
+// k = 16 + 4t... Lane t loads scale word t of each row (sub-blocks 4t ..), the one its mins
+// take; the others come from the lanes of its quad (a shuffle instead of a load).
 struct Q2KRows {
   __device__ __forceinline__ Q2KRows(const uint8_t* ba, const uint8_t* bb, int t) : t_(t) {
     const uint32_t *wa = reinterpret_cast<const uint32_t*>(ba), *wb = reinterpret_cast<const uint32_t*>(bb);
@@ -149,7 +148,9 @@ struct Q2KRows {
     dd[0] = wa[20], dd[1] = wb[20];
   }
   // Scale word w (sub-blocks 4w ..) of row a (0) or b (1): lane w of the quad's.
-  __device__ __forceinline__ uint32_t scale_word(int row, int w) const { return __shfl_sync(0xffffffffu, sc[row], w, 4); }
+  __device__ __forceinline__ uint32_t scale_word(int row, int w) const {
+    return __shfl_sync(0xffffffffu, sc[row], w, 4);
+  }
   __device__ __forceinline__ void a(int n, int j, uint32_t (&out)[4]) const {
     const int s = 8 * n + 2 * j + (t_ >> 1);
     const uint32_t fa = static_cast<uint32_t>(byte_of(scale_word(0, s / 4), s % 4) & 0xf);
