@@ -140,9 +140,12 @@ struct Q2KGemm {
                                              const uint32_t (*bm)[kMinsWords], const float (*bs)[4], const PairLane& ln,
                                              float (&acc)[kPairs][2]) {
     const Q2KRows rows(ba, bb, ln.t);
+    uint32_t sca[4], scb[4];
+    Q2KRows::scale_words(ba, sca);
+    Q2KRows::scale_words(bb, scb);
     uint32_t a[8][4];  // A of mma (n, j)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) rows.a(i / 4, i % 4, a[i]);
+    for (int i = 0; i < 8; ++i) rows.a(i / 4, i % 4, sca, scb, a[i]);
     const uint32_t am_a = rows.mins_a(0), am_b = rows.mins_a(1);
     const uint32_t da = rows.d_dmin(0), db = rows.d_dmin(1);
 #pragma unroll

@@ -151,10 +151,18 @@ struct Q2KRows {
   __device__ __forceinline__ uint32_t scale_word(int row, int w) const {
     return __shfl_sync(0xffffffffu, sc[row], w, 4);
   }
-  __device__ __forceinline__ void a(int n, int j, uint32_t (&out)[4]) const {
+  // A block's four scale words, loaded (the prefill GEMM's a(); the decode GEMV shares them
+  // by scale_word instead).
+  __device__ __forceinline__ static void scale_words(const uint8_t* blk, uint32_t (&w)[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = reinterpret_cast<const uint32_t*>(blk)[k];
+  }
+  // The A operand of bit pair j of half n, rows a and b's scale words given (scale_words).
+  __device__ __forceinline__ void a(int n, int j, const uint32_t (&sca)[4], const uint32_t (&scb)[4],
+                                    uint32_t (&out)[4]) const {
     const int s = 8 * n + 2 * j + (t_ >> 1);
-    const uint32_t fa = static_cast<uint32_t>(byte_of(scale_word(0, s / 4), s % 4) & 0xf);
-    const uint32_t fb = static_cast<uint32_t>(byte_of(scale_word(1, s / 4), s % 4) & 0xf);
+    const uint32_t fa = static_cast<uint32_t>(byte_of(sca[s / 4], s % 4) & 0xf);
+    const uint32_t fb = static_cast<uint32_t>(byte_of(scb[s / 4], s % 4) & 0xf);
 #pragma unroll
     for (int k = 0; k < 4; ++k) out[k] = ((q[n][k] >> (2 * j)) & 0x03030303u) * (k % 2 == 0 ? fa : fb);
   }
