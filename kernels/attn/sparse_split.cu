@@ -330,13 +330,13 @@ int64_t rows_a_pass(int64_t S, int H, int64_t Dh, int64_t width) {
 }
 
 // Heads a CTA takes: the most (of 4, 2, 1) whose grid of (chunk, head group, row) CTAs still
-// gives at least half the SMs one; else 1. A decode step's lists (a 128-entry window and a few
-// compressed rows: 2-3 chunks) at 64 heads had 32-48 CTAs of four heads, each a long serial
-// chain, on 132 SMs; one head a CTA (128-192 CTAs, the rule until 2026-12-03 asked for every
-// SM) reads each listed row from L2 once per head; two (64-96 CTAs) gave the shorter step (H200,
-// perf preset pooled, interleaved: 6.60 / 6.58 ms against 6.64 / 6.64 with one, 6.65 / 6.67
-// with four). DSF_ATTN_HEADS=4, 2 or 1 (measurement) forces it. The result does not depend on
-// it: each head's logits and value sums are formed alike whichever CTA holds it.
+// gives at least half the SMs one; else 1. A decode step's lists (a 128-entry window and the
+// layer's compressed rows: 2-6 chunks at a 64-token prompt) at 64 heads on 132 SMs: asking a
+// CTA for every SM (the rule until 2026-12-03) gave 4 chunks one head a CTA (256 CTAs), each
+// reading its chunk's KV rows from L2 once per head, and 6 chunks two; now they take two and
+// four (128 and 96 CTAs), the shorter step (H200, perf preset pooled, interleaved: 6.61-6.66
+// against 6.67-6.69 ms). DSF_ATTN_HEADS=4, 2 or 1 (measurement) forces it. The result does not
+// depend on it: each head's logits and value sums are formed alike whichever CTA holds it.
 int heads_a_cta(int64_t rows, int H, int64_t chunks) {
   static const int forced = static_cast<int>(cuda::env_int("DSF_ATTN_HEADS", 0));
   if ((forced == 1 || forced == 2 || forced == 4) && H % forced == 0) return forced;
