@@ -9,7 +9,8 @@
 #   scripts/gpu-ab.sh CSV VARIANT...
 # Environment: MODEL (default: the perf preset with pooled experts, written to /dev/shm once),
 # BACKEND (cuda), PROMPT (64), DECODE (64), RUNS (3), ROUNDS (2), LABEL (perf-pooled),
-# DSF_BIN (out/gpu/bin/dsflash). Logs under ${OUT:-out/gpu-logs}.
+# DSF_BIN (out/gpu/bin/dsflash). Logs under ${OUT:-out/gpu-logs}. A variant DSF_BIN=PATH runs
+# another build; its rows take the commit in PATH.commit where there is one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 csv=${1:?usage: scripts/gpu-ab.sh CSV VARIANT...}
@@ -41,8 +42,11 @@ for ((round = 1; round <= ${ROUNDS:-2}; ++round)); do
     [[ $v == base ]] || IFS=, read -r -a envs <<< "$v"
     run_bin=$bin  # DSF_BIN=PATH in a variant: another build of dsflash (a code change against its base)
     for e in "${envs[@]}"; do [[ $e == DSF_BIN=* ]] && run_bin=${e#DSF_BIN=}; done
+    # Its rows carry its own commit where PATH.commit names it (scripts/gpu-pack.sh writes one).
+    commit_env=()
+    [[ $run_bin != "$bin" && -f $run_bin.commit ]] && commit_env=("DSF_COMMIT=$(cat "$run_bin.commit")")
     echo "== round $round: $v" >> "$log"
-    env "${envs[@]}" "$run_bin" bench --backend "${BACKEND:-cuda}" --model "$model" --prompt "${PROMPT:-64}" \
+    env "${envs[@]}" "${commit_env[@]}" "$run_bin" bench --backend "${BACKEND:-cuda}" --model "$model" --prompt "${PROMPT:-64}" \
       --decode "${DECODE:-64}" --runs "${RUNS:-3}" --csv "$csv" --label "${LABEL:-perf-pooled} ${v//,/ }" \
       >> "$log" 2>&1 || { echo "gpu-ab: the run of $v failed (see $log)" >&2; exit 1; }
   done

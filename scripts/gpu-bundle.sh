@@ -13,7 +13,8 @@ for t in json.load(sys.stdin)["tests"]:
     print(t["command"][0])' | sort -u)
 ../shared/tools/device-bundle out/gpu $bins "$build/tests/linear_cuda_bench" \
   "$build/expertstore_svc/dsflash-expertstore" "$build/tools/dsflash" "$build/tools/expertstore_bench" "$build/tools/expert_stream_bench" "$build/tools/expert_cache_sim" "$build/tools/sampler_bench" "$build/inference_svc/dsflash-inference"
-git rev-parse --short HEAD > out/gpu/commit
+# The commit the rows of its benchmarks carry: "-dirty" where the tree had changes not committed.
+echo "$(git rev-parse --short=7 HEAD)$(git diff --quiet HEAD -- || echo -dirty)" > out/gpu/commit
 mkdir -p out/gpu/golden
 cp ../shared/golden/tiny_a.gguf ../shared/golden/tiny_a_golden.safetensors out/gpu/golden/
 strip --strip-unneeded out/gpu/bin/* out/gpu/lib/* 2>/dev/null || true
