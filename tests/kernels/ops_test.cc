@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "common/quant/numeric.h"
 #include "common/quant/quant.h"
 #include "gtest/gtest.h"
 #include "kernels/attn/attn.h"
@@ -67,6 +68,26 @@ TEST(Qdq, Fp4E4m3ScaleBlock) {
   std::vector<float> z(16, 0.0f);
   qdq::fp4_e4m3_16(z.data(), 16);
   for (float x : z) EXPECT_EQ(x, 0.0f);
+}
+
+// The QDQ'd rows sparse attention reads (window rows: FP8 with E8M0 scales; compressed rows: FP4
+// with E4M3 scales) are bf16 values whatever the input's magnitude, so their products with bf16
+// q and p are exact on bf16 tensor cores (docs/cuda-backend.md, Next item 5).
+TEST(Qdq, AttentionRowsAreBf16Values) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> decade(-30.0f, 30.0f);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int block = 0; block < 200; ++block) {
+    const float scale = std::pow(2.0f, decade(rng));
+    std::vector<float> a(32), b(32);
+    for (int i = 0; i < 32; ++i) a[i] = b[i] = nd(rng) * scale * (i % 7 == 0 ? 50.0f : 1.0f);
+    qdq::fp8_e8m0_32(a.data(), 32);
+    qdq::fp4_e4m3_16(b.data(), 32);
+    for (int i = 0; i < 32; ++i) {
+      ASSERT_EQ(quant::round_bf16(a[i]), a[i]) << "fp8 block " << block << " [" << i << "] scale " << scale;
+      ASSERT_EQ(quant::round_bf16(b[i]), b[i]) << "fp4 block " << block << " [" << i << "] scale " << scale;
+    }
+  }
 }
 
 TEST(Qdq, Fp4E8m0ValuesAreOnTheGrid) {

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "common/config/config.h"
+#include "common/quant/numeric.h"
 #include "common/gguf/gguf.h"
 #include "gtest/gtest.h"
 #include "inference_svc/model/model.h"
@@ -109,6 +110,35 @@ double tolerance(const std::string& name, double max_ref) {
     return name.find("indexer") != std::string::npos ? max_ref * std::ldexp(1.0, -7) : 1e-5 * std::max(1.0, max_ref);
   }
   return max_ref * std::ldexp(1.0, -7);
+}
+
+// What sparse attention multiplies on the golden model (17-token prefill, then a decode step):
+// every query (after RoPE), window KV row (after FP8 QDQ) and compressed KV row (after FP4 QDQ)
+// is a bf16 value, so a tensor-core attention's products are exact (docs/cuda-backend.md, Next
+// item 5).
+TEST_F(GoldenLayers, AttentionOperandsAreBf16Values) {
+  auto m = Model::load(*file_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const Golden& g = Golden::get();
+  int tensors = 0;
+  Hook hook = [&](const std::string& name, float* data, int64_t rows, int64_t cols) {
+    const bool q = name.size() > 7 && name.compare(name.size() - 7, 7, ".attn.q") == 0;
+    if (!q && name.find(".attn.window_kv") == std::string::npos) return;
+    for (int64_t i = 0; i < rows * cols; ++i) ASSERT_EQ(quant::round_bf16(data[i]), data[i]) << name << " [" << i << "]";
+    ++tensors;
+  };
+  auto seq = (*m)->new_sequence();
+  std::vector<float> logits;
+  const std::vector<int32_t> prompt = g.ints("prompt.len17.tokens");
+  ASSERT_TRUE((*m)->forward(*seq, prompt, true, &logits, hook).ok());
+  ASSERT_TRUE((*m)->forward(*seq, {prompt[0]}, true, &logits, hook).ok());
+  EXPECT_EQ(tensors, 4 * static_cast<int>(cfg_.n_layer));
+  int64_t compressed = 0;
+  for (const LayerState& st : seq->layers) {
+    for (const float v : st.comp_kv) ASSERT_EQ(quant::round_bf16(v), v) << "a compressed KV row";
+    compressed += static_cast<int64_t>(st.comp_kv.size());
+  }
+  EXPECT_GT(compressed, 0);
 }
 
 TEST_F(GoldenLayers, TeacherForcedSubLayers) {
