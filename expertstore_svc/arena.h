@@ -49,9 +49,11 @@ class DeviceArenaMapping {
  private:
   DeviceArenaMapping() = default;
   uint8_t* data_ = nullptr;
-  uint64_t bytes_ = 0, mapped_ = 0;
-  unsigned long long handle_ = 0;
-  bool ipc_ = false;
+  uint64_t bytes_ = 0;
+  // The mapping's CUDA state, which only a build with CUDA reads.
+  [[maybe_unused]] uint64_t mapped_ = 0;
+  [[maybe_unused]] unsigned long long handle_ = 0;
+  [[maybe_unused]] bool ipc_ = false;
 };
 
 class HostArena final : public Arena {

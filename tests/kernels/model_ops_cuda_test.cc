@@ -254,7 +254,7 @@ TEST_F(ModelOpsCuda, WindowListsInAttentionEqualTheIndexOp) {
   struct Case {
     int64_t S, pos0;
   };
-  const int64_t W = 8, Dh = 64, n_ring = 8, n_comp = 40;
+  const int64_t W = 8, Dh = 64, n_comp = 40;
   const int H = 3;
   for (const Case c : {Case{3, 0}, Case{12, 0}, Case{1, 3}, Case{1, 29}, Case{4, 21}}) {
     for (const int64_t tw : {0, 7}) {
