@@ -4,6 +4,7 @@
 #include "kernels/attn/attn_cuda.h"
 #include "kernels/attn/attn_args.cuh"
 #include "kernels/attn/sparse_split.cuh"
+#include "kernels/attn/sparse_tc.cuh"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/math.cuh"
 #include "kernels/norm/norm_row.cuh"
@@ -355,6 +356,9 @@ Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, in
       return absl::InvalidArgumentError("sparse_attn_cuda: RoPE dims must be even, positive and <= the head dim");
     }
     ra = RopeArgs{rope->freqs, rope->dims / 2, rope->pos0.value, rope->pos0.dev};
+  }
+  if (detail::tc_applies(S, H, Dh, width, q, kv_a, kv_b)) {
+    return detail::sparse_attn_tc(stream_of(ctx), q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o, ra, wa);
   }
   if (detail::split_applies(S, H, Dh, width, q, kv_a, kv_b, o)) {
     return detail::sparse_attn_split(stream_of(ctx), q, S, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o, ra, wa);

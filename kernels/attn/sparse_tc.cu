@@ -1,0 +1,284 @@
+// Sparse attention of one decode row on the tensor cores (docs/cuda-backend.md, Next item 5):
+// all heads share each KV row (one KV head, V = K), so a chunk of 64 list entries is two small
+// GEMMs, logits = Q K^T and the chunk's value sum P V, on bf16 m16n8k16 with fp32 sums. Every
+// operand is a bf16 value (q after wq_b and the RoPE's rounding, the rows after their QDQ, p
+// rounded as the reference does), so each product is exact and only the order of the fp32 sums
+// differs from the split kernels' (sparse_split.cu): the value sums' within a chunk too.
+//
+// One cluster of kHeadsTc heads: a CTA per chunk (at most kMaxClusterChunks). Each CTA gathers
+// its chunk's rows once into shared memory as bf16, takes the logits of its heads, exchanges its
+// chunk's maxima over distributed shared memory for the running max of the chunks up to it (the
+// reference's chunk loop), forms p, their entry-order sum and bf16 p, and its value sum; the
+// cluster then merges the chunks in order (acc = acc * rescale + part, L likewise), adds the
+// sink, divides and inverse-rotates, each CTA a share of the heads.
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernels/attn/attn_args.cuh"
+#include "kernels/attn/sparse_tc.cuh"
+#include "kernels/cuda/cuda_util.cuh"
+
+namespace dsflash::kernels::attn::detail {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kChunkTc = 64;          // list entries a CTA takes (the reference's chunk)
+constexpr int kHeadsTc = 16;          // heads a CTA takes: one m16 tile
+constexpr int kWarpsTc = 8;           // logits: a warp per 8 entries; values: a warp per Dh / 8 dims
+constexpr int kThreadsTc = kWarpsTc * 32;
+constexpr int kMaxClusterChunks = 8;  // a portable cluster
+constexpr int kDhTc = 512;            // the head dim it is written for
+constexpr int kPitch = kDhTc + 8;     // bf16 a row in shared memory: 1,040 bytes, rows 4 banks apart
+constexpr int kPPitch = kChunkTc + 8;
+
+// Shared memory of a CTA (dynamic): q of its heads and the chunk's rows as bf16, its logits, bf16
+// p, maxima and sums; the rows' space holds q as floats first (for the RoPE) and the value sums
+// last (for the merge).
+struct TcSmem {
+  __nv_bfloat16 q[kHeadsTc][kPitch];
+  __nv_bfloat16 kv[kChunkTc][kPitch];  // also float q[kHeadsTc][kDhTc], then float part[kHeadsTc][kDhTc]
+  float logit[kHeadsTc][kChunkTc];
+  __nv_bfloat16 p[kHeadsTc][kPPitch];
+  float cmax[kHeadsTc];
+  float psum[kHeadsTc];
+  const float* rows[kChunkTc];
+};
+static_assert(sizeof(__nv_bfloat16) * kChunkTc * kPitch >= sizeof(float) * kHeadsTc * kDhTc, "part fits the rows");
+
+struct TcArgs {
+  const float* q;  // [H][Dh], before RoPE
+  int H;
+  const float* kv_a;
+  int64_t n_a;
+  const float* kv_b;
+  const int32_t* idx;  // [width - win.ww]
+  int64_t width;
+  const float* sink;
+  float scale;
+  RopeArgs rope;
+  WindowArgs win;
+  float* o;  // [H][Dh]
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint32_t word_of(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// d += A B (m16n8k16, bf16 in, fp32 sums): A rows g, g + 8 and B column g as mma_common.cuh.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// B of m16n8k16 from a row-major [k][n] bf16 tile (rows 16 bytes aligned): lanes 0..15 give rows
+// k0 .. k0 + 15 at column n0.
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& b0, uint32_t& b1, const __nv_bfloat16* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(b0), "=r"(b1)
+               : "r"(smem_addr(row)));
+}
+
+// q of heads h0 .. h0 + 15, rotated (the RoPE rounds to bf16) and converted (exactly) to bf16.
+__device__ __forceinline__ void load_q(const TcArgs& a, int h0, TcSmem& s) {
+  float* qf = reinterpret_cast<float*>(&s.kv[0][0]);
+  const float4* src = reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0) * kDhTc);
+  for (int i = threadIdx.x; i < kHeadsTc * kDhTc / 4; i += kThreadsTc) reinterpret_cast<float4*>(qf)[i] = src[i];
+  const RopeArgs rope = a.rope;
+  for (int h = 0; h < kHeadsTc; ++h) rope.rotate(qf + h * kDhTc, kDhTc, 0, false);  // syncs the CTA first
+  __syncthreads();
+  for (int i = threadIdx.x; i < kHeadsTc * kDhTc / 2; i += kThreadsTc) {
+    const int h = i / (kDhTc / 2), d = 2 * (i % (kDhTc / 2));
+    *reinterpret_cast<__nv_bfloat162*>(&s.q[h][d]) = __floats2bfloat162_rn(qf[h * kDhTc + d], qf[h * kDhTc + d + 1]);
+  }
+  __syncthreads();
+}
+
+// The chunk's rows (null: no entry) and, as bf16, their values (zeros for none); returns how
+// many entries the chunk has.
+__device__ __forceinline__ int load_rows(const TcArgs& a, int c, TcSmem& s) {
+  const WindowArgs win = a.win;
+  const int64_t e0 = static_cast<int64_t>(c) * kChunkTc, pos0 = win.ww > 0 ? cuda::scalar_value(win.pos0_value, win.pos0_dev) : 0;
+  const int cn = static_cast<int>(min(static_cast<int64_t>(kChunkTc), a.width - e0));
+  if (threadIdx.x < kChunkTc) {
+    const int k = static_cast<int>(threadIdx.x);
+    s.rows[k] = k < cn ? kv_row(a.kv_a, a.n_a, a.kv_b, kDhTc, list_entry(win, pos0, 1, 0, a.idx, e0 + k)) : nullptr;
+  }
+  __syncthreads();
+  constexpr int kVec = kDhTc / 4;  // float4s a row
+#pragma unroll 4
+  for (int i = threadIdx.x; i < kChunkTc * kVec; i += kThreadsTc) {
+    const int k = i / kVec, d = 4 * (i % kVec);
+    const float* row = s.rows[k];
+    const float4 v = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *reinterpret_cast<__nv_bfloat162*>(&s.kv[k][d]) = __floats2bfloat162_rn(v.x, v.y);
+    *reinterpret_cast<__nv_bfloat162*>(&s.kv[k][d + 2]) = __floats2bfloat162_rn(v.z, v.w);
+  }
+  __syncthreads();
+  return cn;
+}
+
+// Logits of the CTA's heads over the chunk (warp w: entries 8w .. 8w + 7), scaled, -inf for no
+// entry; then each head's chunk max.
+__device__ __forceinline__ void chunk_logits(const TcArgs& a, TcSmem& s) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const __nv_bfloat16* krow = s.kv[8 * warp + g];
+#pragma unroll 8
+  for (int k0 = 0; k0 < kDhTc; k0 += 16) {
+    mma_bf16(d, word_of(&s.q[g][k0 + 2 * t]), word_of(&s.q[g + 8][k0 + 2 * t]), word_of(&s.q[g][k0 + 2 * t + 8]),
+             word_of(&s.q[g + 8][k0 + 2 * t + 8]), word_of(krow + k0 + 2 * t), word_of(krow + k0 + 2 * t + 8));
+  }
+  // d: heads g (d[0], d[1]) and g + 8 (d[2], d[3]), entries 8 warp + 2t, + 1.
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int h = g + 8 * (i / 2), k = 8 * warp + 2 * t + (i % 2);
+    s.logit[h][k] = s.rows[k] != nullptr ? d[i] * a.scale : -INFINITY;
+  }
+  __syncthreads();
+  for (int h = warp; h < kHeadsTc; h += kWarpsTc) {
+    float m = fmaxf(s.logit[h][lane], s.logit[h][lane + 32]);
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) s.cmax[h] = m;
+  }
+}
+
+// p against the running max m (per head), their sum in entry order (unrounded, over the chunk's
+// cn entries) and bf16 p, as sparse_values_kernel.
+__device__ __forceinline__ void chunk_probs(TcSmem& s, const float* m, int cn) {
+  for (int i = threadIdx.x; i < kHeadsTc * kChunkTc; i += kThreadsTc) {
+    const int h = i / kChunkTc, k = i % kChunkTc;
+    s.logit[h][k] = k < cn ? expf(s.logit[h][k] - m[h]) : 0.0f;  // p, unrounded
+  }
+  __syncthreads();
+  if (threadIdx.x < kHeadsTc) {
+    const int h = static_cast<int>(threadIdx.x);
+    float sum = 0.0f;
+    for (int k = 0; k < cn; ++k) sum = __fadd_rn(sum, s.logit[h][k]);
+    s.psum[h] = sum;
+  }
+  for (int i = threadIdx.x; i < kHeadsTc * kChunkTc; i += kThreadsTc) {
+    const int h = i / kChunkTc, k = i % kChunkTc;
+    s.p[h][k] = __float2bfloat16_rn(s.logit[h][k]);
+  }
+  __syncthreads();
+}
+
+// The chunk's value sums P V of the CTA's heads (warp w: dims 64w .. 64w + 63), into part (the
+// rows' space, once every warp is done with the rows).
+__device__ __forceinline__ void chunk_values(TcSmem& s) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  constexpr int kTiles = kDhTc / kWarpsTc / 8;
+  float acc[kTiles][4] = {};
+#pragma unroll
+  for (int k0 = 0; k0 < kChunkTc; k0 += 16) {
+    const uint32_t a0 = word_of(&s.p[g][k0 + 2 * t]), a1 = word_of(&s.p[g + 8][k0 + 2 * t]);
+    const uint32_t a2 = word_of(&s.p[g][k0 + 2 * t + 8]), a3 = word_of(&s.p[g + 8][k0 + 2 * t + 8]);
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      uint32_t b0, b1;
+      ldmatrix_x2_trans(b0, b1, &s.kv[k0 + (lane & 15)][64 * warp + 8 * j]);
+      mma_bf16(acc[j], a0, a1, a2, a3, b0, b1);
+    }
+  }
+  __syncthreads();  // every warp done with the rows
+  float* part = reinterpret_cast<float*>(&s.kv[0][0]);
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    const int d0 = 64 * warp + 8 * j + 2 * t;
+    part[g * kDhTc + d0] = acc[j][0], part[g * kDhTc + d0 + 1] = acc[j][1];
+    part[(g + 8) * kDhTc + d0] = acc[j][2], part[(g + 8) * kDhTc + d0 + 1] = acc[j][3];
+  }
+}
+
+// grid (chunks, H / kHeadsTc), a cluster of `chunks` CTAs along x: CTA c takes chunk c of the
+// row's list for heads 16 blockIdx.y ...
+__global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_constant__ TcArgs a) {
+  cuda::await_inputs();
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  TcSmem& s = *reinterpret_cast<TcSmem*>(smem_raw);
+  cg::cluster_group cluster = cg::this_cluster();
+  const int c = static_cast<int>(blockIdx.x), n = static_cast<int>(gridDim.x), h0 = kHeadsTc * static_cast<int>(blockIdx.y);
+  load_q(a, h0, s);
+  const int cn = load_rows(a, c, s);
+  chunk_logits(a, s);
+  cluster.sync();  // every chunk's maxima written
+  __shared__ float m_run[kHeadsTc];
+  if (threadIdx.x < kHeadsTc) {
+    float m = -1e30f;  // the reference's running max through chunk c
+    for (int i = 0; i <= c; ++i) m = fmaxf(m, cluster.map_shared_rank(s.cmax, i)[threadIdx.x]);
+    m_run[threadIdx.x] = m;
+  }
+  __syncthreads();
+  chunk_probs(s, m_run, cn);
+  chunk_values(s);
+  cluster.sync();  // every chunk's value sums, maxima and sums written
+  // The merge: CTA c takes heads c, c + n, ... of the 16, every chunk's part in chunk order.
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ float resc[kHeadsTc][kMaxClusterChunks];
+  __shared__ float L[kHeadsTc];
+  for (int h = c + warp * n; h < kHeadsTc; h += kWarpsTc * n) {
+    if (lane == 0) {
+      float m = -1e30f, l = 0.0f;
+      for (int i = 0; i < n; ++i) {
+        const float m_new = fmaxf(m, cluster.map_shared_rank(s.cmax, i)[h]), r = expf(m - m_new);
+        resc[h][i] = r;
+        l = __fadd_rn(__fmul_rn(l, r), cluster.map_shared_rank(s.psum, i)[h]);
+        m = m_new;
+      }
+      L[h] = __fadd_rn(l, expf(a.sink[h0 + h] - m));
+    }
+  }
+  __syncthreads();
+  float* out = reinterpret_cast<float*>(&s.logit[0][0]);  // a head's output row (kDhTc floats: the logits' space)
+  const RopeArgs rope = a.rope;
+  for (int h = c; h < kHeadsTc; h += n) {
+    for (int d = threadIdx.x; d < kDhTc; d += kThreadsTc) {
+      float acc = 0.0f;
+      for (int i = 0; i < n; ++i) {
+        const float* part = reinterpret_cast<const float*>(&cluster.map_shared_rank(&s, i)->kv[0][0]);
+        acc = __fadd_rn(__fmul_rn(acc, resc[h][i]), part[h * kDhTc + d]);
+      }
+      out[d] = __bfloat162float(__float2bfloat16_rn(__fdiv_rn(acc, L[h])));
+    }
+    rope.rotate(out, kDhTc, 0, true);  // syncs the CTA first
+    __syncthreads();
+    for (int d = threadIdx.x; d < kDhTc; d += kThreadsTc) a.o[static_cast<int64_t>(h0 + h) * kDhTc + d] = out[d];
+    __syncthreads();
+  }
+  cluster.sync();  // no CTA leaves while another reads its shared memory
+}
+
+}  // namespace
+
+bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, const float* kv_a, const float* kv_b) {
+  static const bool on = cuda::env_int("DSF_ATTN_TC", 0) != 0;  // work in progress: off by default
+  const int64_t chunks = (width + kChunkTc - 1) / kChunkTc;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return on && S == 1 && Dh == kDhTc && H % kHeadsTc == 0 && chunks >= 1 && chunks <= kMaxClusterChunks && aligned(q) &&
+         aligned(kv_a) && (kv_b == nullptr || aligned(kv_b));
+}
+
+Status sparse_attn_tc(cudaStream_t st, const float* q, int H, int64_t Dh, const float* kv_a, int64_t n_a,
+                      const float* kv_b, const int32_t* idx, int64_t width, const float* sink, float scale, float* o,
+                      const RopeArgs& rope, const WindowArgs& win) {
+  if (!tc_applies(1, H, Dh, width, q, kv_a, kv_b)) return absl::InternalError("sparse_attn_tc: a call it does not take");
+  static const cudaError_t opt_in = cudaFuncSetAttribute(sparse_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         static_cast<int>(sizeof(TcSmem)));
+  CUDA_RETURN_IF_ERROR(opt_in);
+  const unsigned chunks = static_cast<unsigned>((width + kChunkTc - 1) / kChunkTc);
+  const TcArgs args{q, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o};
+  return cuda::launch(sparse_tc_kernel,
+                      cuda::LaunchParams{dim3(chunks, static_cast<unsigned>(H / kHeadsTc)), dim3(kThreadsTc),
+                                         sizeof(TcSmem), st, chunks},
+                      args);
+}
+
+}  // namespace dsflash::kernels::attn::detail

@@ -1,0 +1,23 @@
+// Sparse attention of one decode row on the tensor cores (sparse_tc.cu), for attn.cu's
+// sparse_attn_cuda. Work in progress: off unless DSF_ATTN_TC=1.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/status.h"
+#include "kernels/attn/attn_args.cuh"
+
+namespace dsflash::kernels::attn::detail {
+
+// Whether it takes a call: DSF_ATTN_TC=1, one query row, Dh 512, heads in sixteens, at most 8
+// chunks of 64 entries, 16-byte aligned q and rows.
+bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, const float* kv_a, const float* kv_b);
+
+// sparse_attn_cuda's result for such a call: one launch of clusters on st.
+Status sparse_attn_tc(cudaStream_t st, const float* q, int H, int64_t Dh, const float* kv_a, int64_t n_a,
+                      const float* kv_b, const int32_t* idx, int64_t width, const float* sink, float scale, float* o,
+                      const RopeArgs& rope, const WindowArgs& win);
+
+}  // namespace dsflash::kernels::attn::detail
