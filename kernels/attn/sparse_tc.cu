@@ -113,7 +113,7 @@ __device__ __forceinline__ int load_rows(const TcArgs& a, int c, TcSmem& s) {
   }
   __syncthreads();
   constexpr int kVec = kDhTc / 4;  // float4s a row
-#pragma unroll 4
+#pragma unroll 8  // 32 KB of loads in flight a CTA: the rows come from L2 one CTA a chunk
   for (int i = threadIdx.x; i < kChunkTc * kVec; i += kThreadsTc) {
     const int k = i / kVec, d = 4 * (i % kVec);
     const float* row = s.rows[k];

@@ -128,7 +128,9 @@ TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
                               AttnShape{1, 64, 512, 700, 640}, AttnShape{1, 64, 512, 700, 160},
                               AttnShape{1, 64, 512, 700, 300}, AttnShape{5, 4, 512, 257, 257},
                               AttnShape{17, 2, 128, 100, 200},
-                              AttnShape{40, 64, 512, 700, 640}}) {  // 40 rows: two passes of the split's scratch
+                              AttnShape{40, 64, 512, 700, 640},  // 40 rows: two passes of the split's scratch
+                              AttnShape{1, 16, 512, 100, 64}, AttnShape{1, 32, 512, 700, 512},
+                              AttnShape{1, 64, 512, 700, 65}}) {  // one row: 1, 8 and 2 chunks (DSF_ATTN_TC)
     sparse_attn_case(sh, rng, 3, [](int64_t, int64_t, std::mt19937& r, auto& pick) { return r() % 7 == 0 ? -1 : pick(r); },
                      &agree);
   }
