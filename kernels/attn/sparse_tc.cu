@@ -31,6 +31,7 @@ constexpr int kWarpsTc = 8;           // logits: a warp per 8 entries; values: a
 constexpr int kThreadsTc = kWarpsTc * 32;
 constexpr int kMaxClusterChunks = 8;  // a portable cluster
 constexpr int kDhTc = 512;            // the head dim it is written for
+constexpr int kRopeTc = kChunkTc;     // RoPE dims it takes: a head's fit a logit row
 constexpr int kPitch = kDhTc + 8;     // bf16 a row in shared memory: 1,040 bytes, rows 4 banks apart
 constexpr int kPPitch = kChunkTc + 8;
 
@@ -45,6 +46,11 @@ struct TcSmem {
   float cmax[kHeadsTc];
   float psum[kHeadsTc];
   const float* rows[kChunkTc];
+  float cmax_all[kMaxClusterChunks][kHeadsTc];  // every chunk's maxima (copied over the cluster)
+  float psum_all[kMaxClusterChunks][kHeadsTc];  // and sums
+  float m_run[kHeadsTc];                        // the running max through this CTA's chunk
+  float resc[kHeadsTc][kMaxClusterChunks];      // the merge's rescale of each chunk's part
+  float L[kHeadsTc];                            // and the softmax's denominator
 };
 static_assert(sizeof(__nv_bfloat16) * kChunkTc * kPitch >= sizeof(float) * kHeadsTc * kDhTc, "part fits the rows");
 
@@ -86,19 +92,26 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& b0, uint32_t& b1, co
                : "r"(smem_addr(row)));
 }
 
-// q of heads h0 .. h0 + 15, rotated (the RoPE rounds to bf16) and converted (exactly) to bf16.
+// q of heads h0 .. h0 + 15 as bf16 (exact: wq_b's values), its RoPE dims rotated in registers
+// (rotate_pair rounds them to bf16): each float4 holds two whole pairs.
 __device__ __forceinline__ void load_q(const TcArgs& a, int h0, TcSmem& s) {
-  float* qf = reinterpret_cast<float*>(&s.kv[0][0]);
-  const float4* src = reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0) * kDhTc);
-  for (int i = threadIdx.x; i < kHeadsTc * kDhTc / 4; i += kThreadsTc) reinterpret_cast<float4*>(qf)[i] = src[i];
   const RopeArgs rope = a.rope;
-  for (int h = 0; h < kHeadsTc; ++h) rope.rotate(qf + h * kDhTc, kDhTc, 0, false);  // syncs the CTA first
-  __syncthreads();
-  for (int i = threadIdx.x; i < kHeadsTc * kDhTc / 2; i += kThreadsTc) {
-    const int h = i / (kDhTc / 2), d = 2 * (i % (kDhTc / 2));
-    *reinterpret_cast<__nv_bfloat162*>(&s.q[h][d]) = __floats2bfloat162_rn(qf[h * kDhTc + d], qf[h * kDhTc + d + 1]);
+  const int tail0 = kDhTc - 2 * rope.half;
+  const float at = rope.freqs != nullptr ? static_cast<float>(cuda::scalar_value(rope.pos0_value, rope.pos0_dev)) : 0.0f;
+  const float4* src = reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0) * kDhTc);
+#pragma unroll
+  for (int i = threadIdx.x; i < kHeadsTc * kDhTc / 4; i += kThreadsTc) {
+    const int h = i / (kDhTc / 4), d = 4 * (i % (kDhTc / 4));
+    const float4 v = __ldg(src + i);
+    float t[4] = {v.x, v.y, v.z, v.w};
+    if (rope.freqs != nullptr) {
+      for (int j = 0; j < 2; ++j) {
+        if (d + 2 * j >= tail0) rope::detail::rotate_pair(t + 2 * j, 0, at * rope.freqs[(d + 2 * j - tail0) / 2], false);
+      }
+    }
+    *reinterpret_cast<__nv_bfloat162*>(&s.q[h][d]) = __floats2bfloat162_rn(t[0], t[1]);
+    *reinterpret_cast<__nv_bfloat162*>(&s.q[h][d + 2]) = __floats2bfloat162_rn(t[2], t[3]);
   }
-  __syncthreads();
 }
 
 // The chunk's rows (null: no entry) and, as bf16, their values (zeros for none); returns how
@@ -161,6 +174,7 @@ __device__ __forceinline__ void chunk_probs(TcSmem& s, const float* m, int cn) {
   if (threadIdx.x < kHeadsTc) {
     const int h = static_cast<int>(threadIdx.x);
     float sum = 0.0f;
+#pragma unroll 16
     for (int k = 0; k < cn; ++k) sum = __fadd_rn(sum, s.logit[h][k]);
     s.psum[h] = sum;
   }
@@ -198,6 +212,74 @@ __device__ __forceinline__ void chunk_values(TcSmem& s) {
   }
 }
 
+// Copies field f (16 floats) of every CTA of the cluster into dst[chunk][head]: one load a thread.
+__device__ __forceinline__ void gather(const cg::cluster_group& cluster, float (TcSmem::*f)[kHeadsTc], TcSmem& s,
+                                      float (*dst)[kHeadsTc], int n) {
+  if (threadIdx.x < kHeadsTc * n) {
+    const int i = static_cast<int>(threadIdx.x) / kHeadsTc, h = static_cast<int>(threadIdx.x) % kHeadsTc;
+    dst[i][h] = (cluster.map_shared_rank(&s, i)->*f)[h];
+  }
+}
+
+// The merge's factors of every head: the running max over the chunks in order, each chunk's
+// rescale and the sum L (with the sink), as the reference's chunk loop.
+__device__ __forceinline__ void merge_factors(const TcArgs& a, int h0, int n, TcSmem& s) {
+  if (threadIdx.x < kHeadsTc) {
+    const int h = static_cast<int>(threadIdx.x);
+    float m = -1e30f, l = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const float m_new = fmaxf(m, s.cmax_all[i][h]), r = expf(m - m_new);
+      s.resc[h][i] = r;
+      l = __fadd_rn(__fmul_rn(l, r), s.psum_all[i][h]);
+      m = m_new;
+    }
+    s.L[h] = __fadd_rn(l, expf(a.sink[h0 + h] - m));
+  }
+}
+
+// Heads c, c + n, ... of the 16: every chunk's part merged in chunk order, divided by L and rounded;
+// dims below the RoPE's go out, the RoPE's are rotated back first (stashed in the logits' space).
+__device__ __forceinline__ void write_out(const cg::cluster_group& cluster, const TcArgs& a, int h0, int c, int n,
+                                          TcSmem& s) {
+  const RopeArgs rope = a.rope;
+  const int tail = rope.freqs != nullptr ? 2 * rope.half : 0, tail0 = kDhTc - tail;
+  const int mine = (kHeadsTc - c + n - 1) / n;
+  float* stash = &s.logit[0][0];  // [mine][tail]
+  for (int it = threadIdx.x; it < mine * (kDhTc / 4); it += kThreadsTc) {
+    const int j = it / (kDhTc / 4), d = 4 * (it % (kDhTc / 4)), h = c + j * n;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i = 0; i < n; ++i) {
+      const float* part = reinterpret_cast<const float*>(&cluster.map_shared_rank(&s, i)->kv[0][0]);
+      const float4 v = *reinterpret_cast<const float4*>(part + h * kDhTc + d);
+      const float r = s.resc[h][i];
+      acc.x = __fadd_rn(__fmul_rn(acc.x, r), v.x), acc.y = __fadd_rn(__fmul_rn(acc.y, r), v.y);
+      acc.z = __fadd_rn(__fmul_rn(acc.z, r), v.z), acc.w = __fadd_rn(__fmul_rn(acc.w, r), v.w);
+    }
+    const float L = s.L[h];
+    const float out[4] = {__bfloat162float(__float2bfloat16_rn(__fdiv_rn(acc.x, L))),
+                          __bfloat162float(__float2bfloat16_rn(__fdiv_rn(acc.y, L))),
+                          __bfloat162float(__float2bfloat16_rn(__fdiv_rn(acc.z, L))),
+                          __bfloat162float(__float2bfloat16_rn(__fdiv_rn(acc.w, L)))};
+    for (int e = 0; e < 4; ++e) {
+      if (d + e < tail0) {
+        a.o[static_cast<int64_t>(h0 + h) * kDhTc + d + e] = out[e];
+      } else {
+        stash[j * tail + d + e - tail0] = out[e];
+      }
+    }
+  }
+  if (tail == 0) return;
+  __syncthreads();
+  const float at = static_cast<float>(cuda::scalar_value(rope.pos0_value, rope.pos0_dev));
+  for (int it = threadIdx.x; it < mine * rope.half; it += kThreadsTc) {
+    const int j = it / rope.half, p = it % rope.half;
+    float* pair = stash + j * tail + 2 * p;
+    rope::detail::rotate_pair(pair, 0, at * rope.freqs[p], true);
+    float* o = a.o + static_cast<int64_t>(h0 + c + j * n) * kDhTc + tail0 + 2 * p;
+    o[0] = pair[0], o[1] = pair[1];
+  }
+}
+
 // grid (chunks, H / kHeadsTc), a cluster of `chunks` CTAs along x: CTA c takes chunk c of the
 // row's list for heads 16 blockIdx.y ...
 __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_constant__ TcArgs a) {
@@ -210,66 +292,40 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   const int cn = load_rows(a, c, s);
   chunk_logits(a, s);
   cluster.sync();  // every chunk's maxima written
-  __shared__ float m_run[kHeadsTc];
+  gather(cluster, &TcSmem::cmax, s, s.cmax_all, n);
+  __syncthreads();
   if (threadIdx.x < kHeadsTc) {
     float m = -1e30f;  // the reference's running max through chunk c
-    for (int i = 0; i <= c; ++i) m = fmaxf(m, cluster.map_shared_rank(s.cmax, i)[threadIdx.x]);
-    m_run[threadIdx.x] = m;
+    for (int i = 0; i <= c; ++i) m = fmaxf(m, s.cmax_all[i][threadIdx.x]);
+    s.m_run[threadIdx.x] = m;
   }
   __syncthreads();
-  chunk_probs(s, m_run, cn);
+  chunk_probs(s, s.m_run, cn);
   chunk_values(s);
-  cluster.sync();  // every chunk's value sums, maxima and sums written
-  // The merge: CTA c takes heads c, c + n, ... of the 16, every chunk's part in chunk order.
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __shared__ float resc[kHeadsTc][kMaxClusterChunks];
-  __shared__ float L[kHeadsTc];
-  for (int h = c + warp * n; h < kHeadsTc; h += kWarpsTc * n) {
-    if (lane == 0) {
-      float m = -1e30f, l = 0.0f;
-      for (int i = 0; i < n; ++i) {
-        const float m_new = fmaxf(m, cluster.map_shared_rank(s.cmax, i)[h]), r = expf(m - m_new);
-        resc[h][i] = r;
-        l = __fadd_rn(__fmul_rn(l, r), cluster.map_shared_rank(s.psum, i)[h]);
-        m = m_new;
-      }
-      L[h] = __fadd_rn(l, expf(a.sink[h0 + h] - m));
-    }
-  }
+  cluster.sync();  // every chunk's value sums and sums written
+  gather(cluster, &TcSmem::psum, s, s.psum_all, n);
   __syncthreads();
-  float* out = reinterpret_cast<float*>(&s.logit[0][0]);  // a head's output row (kDhTc floats: the logits' space)
-  const RopeArgs rope = a.rope;
-  for (int h = c; h < kHeadsTc; h += n) {
-    for (int d = threadIdx.x; d < kDhTc; d += kThreadsTc) {
-      float acc = 0.0f;
-      for (int i = 0; i < n; ++i) {
-        const float* part = reinterpret_cast<const float*>(&cluster.map_shared_rank(&s, i)->kv[0][0]);
-        acc = __fadd_rn(__fmul_rn(acc, resc[h][i]), part[h * kDhTc + d]);
-      }
-      out[d] = __bfloat162float(__float2bfloat16_rn(__fdiv_rn(acc, L[h])));
-    }
-    rope.rotate(out, kDhTc, 0, true);  // syncs the CTA first
-    __syncthreads();
-    for (int d = threadIdx.x; d < kDhTc; d += kThreadsTc) a.o[static_cast<int64_t>(h0 + h) * kDhTc + d] = out[d];
-    __syncthreads();
-  }
+  merge_factors(a, h0, n, s);
+  __syncthreads();
+  write_out(cluster, a, h0, c, n, s);
   cluster.sync();  // no CTA leaves while another reads its shared memory
 }
 
 }  // namespace
 
-bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, const float* kv_a, const float* kv_b) {
+bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, const float* q, const float* kv_a,
+                const float* kv_b) {
   static const bool on = cuda::env_int("DSF_ATTN_TC", 0) != 0;  // work in progress: off by default
   const int64_t chunks = (width + kChunkTc - 1) / kChunkTc;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return on && S == 1 && Dh == kDhTc && H % kHeadsTc == 0 && chunks >= 1 && chunks <= kMaxClusterChunks && aligned(q) &&
+  return on && S == 1 && Dh == kDhTc && 2 * rope_half <= kRopeTc && H % kHeadsTc == 0 && chunks >= 1 && chunks <= kMaxClusterChunks && aligned(q) &&
          aligned(kv_a) && (kv_b == nullptr || aligned(kv_b));
 }
 
 Status sparse_attn_tc(cudaStream_t st, const float* q, int H, int64_t Dh, const float* kv_a, int64_t n_a,
                       const float* kv_b, const int32_t* idx, int64_t width, const float* sink, float scale, float* o,
                       const RopeArgs& rope, const WindowArgs& win) {
-  if (!tc_applies(1, H, Dh, width, q, kv_a, kv_b)) return absl::InternalError("sparse_attn_tc: a call it does not take");
+  if (!tc_applies(1, H, Dh, width, rope.freqs != nullptr ? rope.half : 0, q, kv_a, kv_b)) return absl::InternalError("sparse_attn_tc: a call it does not take");
   static const cudaError_t opt_in = cudaFuncSetAttribute(sparse_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                          static_cast<int>(sizeof(TcSmem)));
   CUDA_RETURN_IF_ERROR(opt_in);

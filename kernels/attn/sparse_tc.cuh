@@ -12,8 +12,10 @@
 namespace dsflash::kernels::attn::detail {
 
 // Whether it takes a call: DSF_ATTN_TC=1, one query row, Dh 512, heads in sixteens, at most 8
-// chunks of 64 entries, 16-byte aligned q and rows.
-bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, const float* q, const float* kv_a, const float* kv_b);
+// chunks of 64 entries, at most 64 RoPE dims (rope_half pairs; 0: no RoPE), 16-byte aligned q
+// and rows.
+bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, const float* q, const float* kv_a,
+                const float* kv_b);
 
 // sparse_attn_cuda's result for such a call: one launch of clusters on st.
 Status sparse_attn_tc(cudaStream_t st, const float* q, int H, int64_t Dh, const float* kv_a, int64_t n_a,
