@@ -5,12 +5,13 @@
 // rounded as the reference does), so each product is exact and only the order of the fp32 sums
 // differs from the split kernels' (sparse_split.cu): the value sums' within a chunk too.
 //
-// One cluster of kHeadsTc heads: a CTA per chunk (at most kMaxClusterChunks). Each CTA gathers
-// its chunk's rows once into shared memory as bf16, takes the logits of its heads, exchanges its
-// chunk's maxima over distributed shared memory for the running max of the chunks up to it (the
-// reference's chunk loop), forms p, their entry-order sum and bf16 p, and its value sum; the
-// cluster then merges the chunks in order (acc = acc * rescale + part, L likewise), adds the
-// sink, divides and inverse-rotates, each CTA a share of the heads.
+// One cluster of kHeadsTc heads: a CTA per chunk, two a CTA past 8 chunks (at most 16). Each CTA
+// gathers its chunks' rows into shared memory as bf16, takes the logits of its heads, exchanges
+// its chunks' maxima over distributed shared memory for the running max of the chunks up to each
+// (the reference's chunk loop), forms p, their entry-order sum and bf16 p, and its value sums
+// (the first of two chunks' rows gathered again); the cluster then merges the chunks in order
+// (acc = acc * rescale + part, L likewise), adds the sink, divides and inverse-rotates, each CTA a
+// share of the heads.
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
@@ -29,30 +30,38 @@ constexpr int kChunkTc = 64;          // list entries a CTA takes (the reference
 constexpr int kHeadsTc = 16;          // heads a CTA takes: one m16 tile
 constexpr int kWarpsTc = 8;           // logits: a warp per 8 entries; values: a warp per Dh / 8 dims
 constexpr int kThreadsTc = kWarpsTc * 32;
-constexpr int kMaxClusterChunks = 8;  // a portable cluster
+constexpr int kMaxCluster = 8;        // CTAs a cluster: a portable one
+constexpr int kChunksCta = 2;         // chunks a CTA takes at most (lists of up to 16 chunks)
+constexpr int kMaxChunks = kMaxCluster * kChunksCta;
 constexpr int kDhTc = 512;            // the head dim it is written for
 constexpr int kRopeTc = kChunkTc;     // RoPE dims it takes: a head's fit a logit row
 constexpr int kPitch = kDhTc + 8;     // bf16 a row in shared memory: 1,040 bytes, rows 4 banks apart
 constexpr int kPPitch = kChunkTc + 8;
 
-// Shared memory of a CTA (dynamic): q of its heads and the chunk's rows as bf16, its logits, bf16
-// p, maxima and sums; the rows' space holds q as floats first (for the RoPE) and the value sums
+// Shared memory of a CTA (dynamic, ~98 KB: sm_121 has 99): q of its heads and a chunk's rows as
+// bf16, its chunks' logits, bf16 p, maxima and sums; the rows' space holds the chunks' value sums
 // last (for the merge).
 struct TcSmem {
   __nv_bfloat16 q[kHeadsTc][kPitch];
-  __nv_bfloat16 kv[kChunkTc][kPitch];  // also float q[kHeadsTc][kDhTc], then float part[kHeadsTc][kDhTc]
-  float logit[kHeadsTc][kChunkTc];
+  __nv_bfloat16 kv[kChunkTc][kPitch];  // then float part[kChunksCta][kHeadsTc][kDhTc]
+  float logit[kChunksCta][kHeadsTc][kChunkTc];
   __nv_bfloat16 p[kHeadsTc][kPPitch];
-  float cmax[kHeadsTc];
-  float psum[kHeadsTc];
+  float cmax[kChunksCta][kHeadsTc];
+  float psum[kChunksCta][kHeadsTc];
   const float* rows[kChunkTc];
-  float cmax_all[kMaxClusterChunks][kHeadsTc];  // every chunk's maxima (copied over the cluster)
-  float psum_all[kMaxClusterChunks][kHeadsTc];  // and sums
-  float m_run[kHeadsTc];                        // the running max through this CTA's chunk
-  float resc[kHeadsTc][kMaxClusterChunks];      // the merge's rescale of each chunk's part
-  float L[kHeadsTc];                            // and the softmax's denominator
+  float cmax_all[kMaxChunks][kHeadsTc];  // every chunk's maxima (copied over the cluster)
+  float psum_all[kMaxChunks][kHeadsTc];  // and sums
+  float m_run[kChunksCta][kHeadsTc];     // the running max through each of this CTA's chunks
+  float resc[kHeadsTc][kMaxChunks];      // the merge's rescale of each chunk's part
+  float L[kHeadsTc];                     // and the softmax's denominator
 };
-static_assert(sizeof(__nv_bfloat16) * kChunkTc * kPitch >= sizeof(float) * kHeadsTc * kDhTc, "part fits the rows");
+static_assert(sizeof(__nv_bfloat16) * kChunkTc * kPitch >= sizeof(float) * kChunksCta * kHeadsTc * kDhTc,
+              "the parts fit the rows");
+
+// Chunk q of the list: CTA q / per of the cluster, its slot q % per.
+struct ChunkMap {
+  int chunks, per;
+};
 
 struct TcArgs {
   const float* q;  // [H][Dh], before RoPE
@@ -140,7 +149,7 @@ __device__ __forceinline__ int load_rows(const TcArgs& a, int c, TcSmem& s) {
 
 // Logits of the CTA's heads over the chunk (warp w: entries 8w .. 8w + 7), scaled, -inf for no
 // entry; then each head's chunk max.
-__device__ __forceinline__ void chunk_logits(const TcArgs& a, TcSmem& s) {
+__device__ __forceinline__ void chunk_logits(const TcArgs& a, int j, TcSmem& s) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const __nv_bfloat16* krow = s.kv[8 * warp + g];
@@ -153,44 +162,48 @@ __device__ __forceinline__ void chunk_logits(const TcArgs& a, TcSmem& s) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int h = g + 8 * (i / 2), k = 8 * warp + 2 * t + (i % 2);
-    s.logit[h][k] = s.rows[k] != nullptr ? d[i] * a.scale : -INFINITY;
+    s.logit[j][h][k] = s.rows[k] != nullptr ? d[i] * a.scale : -INFINITY;
   }
   __syncthreads();
   for (int h = warp; h < kHeadsTc; h += kWarpsTc) {
-    float m = fmaxf(s.logit[h][lane], s.logit[h][lane + 32]);
+    float m = fmaxf(s.logit[j][h][lane], s.logit[j][h][lane + 32]);
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    if (lane == 0) s.cmax[h] = m;
+    if (lane == 0) s.cmax[j][h] = m;
   }
+  __syncthreads();  // the rows free for the next chunk
 }
 
 // p against the running max m (per head), their sum in entry order (unrounded, over the chunk's
 // cn entries) and bf16 p, as sparse_values_kernel.
-__device__ __forceinline__ void chunk_probs(TcSmem& s, const float* m, int cn) {
+__device__ __forceinline__ void chunk_probs(TcSmem& s, int j, int cn) {
+  float (&pf)[kHeadsTc][kChunkTc] = s.logit[j];
   for (int i = threadIdx.x; i < kHeadsTc * kChunkTc; i += kThreadsTc) {
     const int h = i / kChunkTc, k = i % kChunkTc;
-    s.logit[h][k] = k < cn ? expf(s.logit[h][k] - m[h]) : 0.0f;  // p, unrounded
+    pf[h][k] = k < cn ? expf(pf[h][k] - s.m_run[j][h]) : 0.0f;  // p, unrounded
   }
   __syncthreads();
   if (threadIdx.x < kHeadsTc) {
     const int h = static_cast<int>(threadIdx.x);
     float sum = 0.0f;
 #pragma unroll 16
-    for (int k = 0; k < cn; ++k) sum = __fadd_rn(sum, s.logit[h][k]);
-    s.psum[h] = sum;
+    for (int k = 0; k < cn; ++k) sum = __fadd_rn(sum, pf[h][k]);
+    s.psum[j][h] = sum;
   }
   for (int i = threadIdx.x; i < kHeadsTc * kChunkTc; i += kThreadsTc) {
     const int h = i / kChunkTc, k = i % kChunkTc;
-    s.p[h][k] = __float2bfloat16_rn(s.logit[h][k]);
+    s.p[h][k] = __float2bfloat16_rn(pf[h][k]);
   }
   __syncthreads();
 }
 
-// The chunk's value sums P V of the CTA's heads (warp w: dims 64w .. 64w + 63), into part (the
-// rows' space, once every warp is done with the rows).
-__device__ __forceinline__ void chunk_values(TcSmem& s) {
+constexpr int kTiles = kDhTc / kWarpsTc / 8;  // n8 tiles a warp's value sums
+using ValueTiles = float[kTiles][4];
+
+// The chunk's value sums P V of the CTA's heads (warp w: dims 64w .. 64w + 63), in registers.
+__device__ __forceinline__ void chunk_values(const TcSmem& s, ValueTiles& acc) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  constexpr int kTiles = kDhTc / kWarpsTc / 8;
-  float acc[kTiles][4] = {};
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll
   for (int k0 = 0; k0 < kChunkTc; k0 += 16) {
     const uint32_t a0 = word_of(&s.p[g][k0 + 2 * t]), a1 = word_of(&s.p[g + 8][k0 + 2 * t]);
@@ -202,8 +215,12 @@ __device__ __forceinline__ void chunk_values(TcSmem& s) {
       mma_bf16(acc[j], a0, a1, a2, a3, b0, b1);
     }
   }
-  __syncthreads();  // every warp done with the rows
-  float* part = reinterpret_cast<float*>(&s.kv[0][0]);
+}
+
+// Stores value sums as part slot j (the rows' space: once every warp is done with the rows).
+__device__ __forceinline__ void store_part(TcSmem& s, int slot, const ValueTiles& acc) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  float* part = reinterpret_cast<float*>(&s.kv[0][0]) + slot * kHeadsTc * kDhTc;
 #pragma unroll
   for (int j = 0; j < kTiles; ++j) {
     const int d0 = 64 * warp + 8 * j + 2 * t;
@@ -212,46 +229,61 @@ __device__ __forceinline__ void chunk_values(TcSmem& s) {
   }
 }
 
-// Copies field f (16 floats) of every CTA of the cluster into dst[chunk][head]: one load a thread.
-__device__ __forceinline__ void gather(const cg::cluster_group& cluster, float (TcSmem::*f)[kHeadsTc], TcSmem& s,
-                                      float (*dst)[kHeadsTc], int n) {
-  if (threadIdx.x < kHeadsTc * n) {
-    const int i = static_cast<int>(threadIdx.x) / kHeadsTc, h = static_cast<int>(threadIdx.x) % kHeadsTc;
-    dst[i][h] = (cluster.map_shared_rank(&s, i)->*f)[h];
+// Copies field f of every chunk's CTA into dst[chunk][head]: one load a thread.
+__device__ __forceinline__ void gather(const cg::cluster_group& cluster, float (TcSmem::*f)[kChunksCta][kHeadsTc],
+                                      TcSmem& s, float (*dst)[kHeadsTc], ChunkMap map) {
+  if (threadIdx.x < kHeadsTc * map.chunks) {
+    const int q = static_cast<int>(threadIdx.x) / kHeadsTc, h = static_cast<int>(threadIdx.x) % kHeadsTc;
+    dst[q][h] = (cluster.map_shared_rank(&s, q / map.per)->*f)[q % map.per][h];
+  }
+}
+
+// The running max of every head through each of the CTA's chunks (the reference's chunk loop).
+__device__ __forceinline__ void running_max(TcSmem& s, int q0, int mine) {
+  if (threadIdx.x < kHeadsTc) {
+    const int h = static_cast<int>(threadIdx.x);
+    float m = -1e30f;
+    for (int q = 0; q < q0 + mine; ++q) {
+      m = fmaxf(m, s.cmax_all[q][h]);
+      if (q >= q0) s.m_run[q - q0][h] = m;
+    }
   }
 }
 
 // The merge's factors of every head: the running max over the chunks in order, each chunk's
 // rescale and the sum L (with the sink), as the reference's chunk loop.
-__device__ __forceinline__ void merge_factors(const TcArgs& a, int h0, int n, TcSmem& s) {
+__device__ __forceinline__ void merge_factors(const TcArgs& a, int h0, int chunks, TcSmem& s) {
   if (threadIdx.x < kHeadsTc) {
     const int h = static_cast<int>(threadIdx.x);
     float m = -1e30f, l = 0.0f;
-    for (int i = 0; i < n; ++i) {
-      const float m_new = fmaxf(m, s.cmax_all[i][h]), r = expf(m - m_new);
-      s.resc[h][i] = r;
-      l = __fadd_rn(__fmul_rn(l, r), s.psum_all[i][h]);
+    for (int q = 0; q < chunks; ++q) {
+      const float m_new = fmaxf(m, s.cmax_all[q][h]), r = expf(m - m_new);
+      s.resc[h][q] = r;
+      l = __fadd_rn(__fmul_rn(l, r), s.psum_all[q][h]);
       m = m_new;
     }
     s.L[h] = __fadd_rn(l, expf(a.sink[h0 + h] - m));
   }
 }
 
-// Heads c, c + n, ... of the 16: every chunk's part merged in chunk order, divided by L and rounded;
-// dims below the RoPE's go out, the RoPE's are rotated back first (stashed in the logits' space).
-__device__ __forceinline__ void write_out(const cg::cluster_group& cluster, const TcArgs& a, int h0, int c, int n,
+// Heads c, c + n, ... of the 16 (c: this CTA's rank, n: the cluster's): every chunk's part merged
+// in chunk order, divided by L and rounded; dims below the RoPE's go out, the RoPE's are rotated
+// back first (stashed in the logits' space).
+__device__ __forceinline__ void write_out(const cg::cluster_group& cluster, const TcArgs& a, int h0, ChunkMap map,
                                           TcSmem& s) {
+  const int c = static_cast<int>(cluster.block_rank()), n = static_cast<int>(cluster.num_blocks());
   const RopeArgs rope = a.rope;
   const int tail = rope.freqs != nullptr ? 2 * rope.half : 0, tail0 = kDhTc - tail;
   const int mine = (kHeadsTc - c + n - 1) / n;
-  float* stash = &s.logit[0][0];  // [mine][tail]
+  float* stash = &s.logit[0][0][0];  // [mine][tail]
   for (int it = threadIdx.x; it < mine * (kDhTc / 4); it += kThreadsTc) {
     const int j = it / (kDhTc / 4), d = 4 * (it % (kDhTc / 4)), h = c + j * n;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i = 0; i < n; ++i) {
-      const float* part = reinterpret_cast<const float*>(&cluster.map_shared_rank(&s, i)->kv[0][0]);
+    for (int q = 0; q < map.chunks; ++q) {
+      const float* part = reinterpret_cast<const float*>(&cluster.map_shared_rank(&s, q / map.per)->kv[0][0]) +
+                          (q % map.per) * kHeadsTc * kDhTc;
       const float4 v = *reinterpret_cast<const float4*>(part + h * kDhTc + d);
-      const float r = s.resc[h][i];
+      const float r = s.resc[h][q];
       acc.x = __fadd_rn(__fmul_rn(acc.x, r), v.x), acc.y = __fadd_rn(__fmul_rn(acc.y, r), v.y);
       acc.z = __fadd_rn(__fmul_rn(acc.z, r), v.z), acc.w = __fadd_rn(__fmul_rn(acc.w, r), v.w);
     }
@@ -280,34 +312,53 @@ __device__ __forceinline__ void write_out(const cg::cluster_group& cluster, cons
   }
 }
 
-// grid (chunks, H / kHeadsTc), a cluster of `chunks` CTAs along x: CTA c takes chunk c of the
-// row's list for heads 16 blockIdx.y ...
+// The value sums of the CTA's chunks q0 .. q0 + mine - 1 (mine <= 2) into its part slots: the
+// last chunk's rows are still in shared memory, the first's are gathered again.
+__device__ __forceinline__ void values_of_chunks(const TcArgs& a, int q0, int mine, const int (&cn)[kChunksCta],
+                                                 TcSmem& s) {
+  ValueTiles last, first;
+  chunk_probs(s, mine - 1, cn[mine - 1]);
+  chunk_values(s, last);
+  if (mine == 2) {
+    __syncthreads();  // every warp done with the rows and p
+    load_rows(a, q0, s);
+    chunk_probs(s, 0, cn[0]);
+    chunk_values(s, first);
+  }
+  __syncthreads();  // every warp done with the rows
+  store_part(s, mine - 1, last);
+  if (mine == 2) store_part(s, 0, first);
+}
+
+// grid (n, H / kHeadsTc), a cluster of n CTAs along x: CTA c takes chunks per c .. per c + per - 1
+// of the row's list (per = ceil(chunks / 8), n = ceil(chunks / per)) for heads 16 blockIdx.y ...
 __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_constant__ TcArgs a) {
   cuda::await_inputs();
   extern __shared__ __align__(16) uint8_t smem_raw[];
   TcSmem& s = *reinterpret_cast<TcSmem*>(smem_raw);
   cg::cluster_group cluster = cg::this_cluster();
-  const int c = static_cast<int>(blockIdx.x), n = static_cast<int>(gridDim.x), h0 = kHeadsTc * static_cast<int>(blockIdx.y);
+  const int chunks = static_cast<int>((a.width + kChunkTc - 1) / kChunkTc);
+  const ChunkMap map{chunks, (chunks + kMaxCluster - 1) / kMaxCluster};
+  const int q0 = map.per * static_cast<int>(blockIdx.x), mine = min(map.per, chunks - q0);
+  const int h0 = kHeadsTc * static_cast<int>(blockIdx.y);
   load_q(a, h0, s);
-  const int cn = load_rows(a, c, s);
-  chunk_logits(a, s);
-  cluster.sync();  // every chunk's maxima written
-  gather(cluster, &TcSmem::cmax, s, s.cmax_all, n);
-  __syncthreads();
-  if (threadIdx.x < kHeadsTc) {
-    float m = -1e30f;  // the reference's running max through chunk c
-    for (int i = 0; i <= c; ++i) m = fmaxf(m, s.cmax_all[i][threadIdx.x]);
-    s.m_run[threadIdx.x] = m;
+  int cn[kChunksCta] = {0, 0};
+  for (int j = 0; j < mine; ++j) {
+    cn[j] = load_rows(a, q0 + j, s);
+    chunk_logits(a, j, s);
   }
+  cluster.sync();  // every chunk's maxima written
+  gather(cluster, &TcSmem::cmax, s, s.cmax_all, map);
   __syncthreads();
-  chunk_probs(s, s.m_run, cn);
-  chunk_values(s);
+  running_max(s, q0, mine);
+  __syncthreads();
+  values_of_chunks(a, q0, mine, cn, s);
   cluster.sync();  // every chunk's value sums and sums written
-  gather(cluster, &TcSmem::psum, s, s.psum_all, n);
+  gather(cluster, &TcSmem::psum, s, s.psum_all, map);
   __syncthreads();
-  merge_factors(a, h0, n, s);
+  merge_factors(a, h0, chunks, s);
   __syncthreads();
-  write_out(cluster, a, h0, c, n, s);
+  write_out(cluster, a, h0, map, s);
   cluster.sync();  // no CTA leaves while another reads its shared memory
 }
 
@@ -318,7 +369,7 @@ bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, cons
   static const bool on = cuda::env_int("DSF_ATTN_TC", 0) != 0;  // work in progress: off by default
   const int64_t chunks = (width + kChunkTc - 1) / kChunkTc;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return on && S == 1 && Dh == kDhTc && 2 * rope_half <= kRopeTc && H % kHeadsTc == 0 && chunks >= 1 && chunks <= kMaxClusterChunks && aligned(q) &&
+  return on && S == 1 && Dh == kDhTc && 2 * rope_half <= kRopeTc && H % kHeadsTc == 0 && chunks >= 1 && chunks <= kMaxChunks && aligned(q) &&
          aligned(kv_a) && (kv_b == nullptr || aligned(kv_b));
 }
 
@@ -329,11 +380,12 @@ Status sparse_attn_tc(cudaStream_t st, const float* q, int H, int64_t Dh, const 
   static const cudaError_t opt_in = cudaFuncSetAttribute(sparse_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                          static_cast<int>(sizeof(TcSmem)));
   CUDA_RETURN_IF_ERROR(opt_in);
-  const unsigned chunks = static_cast<unsigned>((width + kChunkTc - 1) / kChunkTc);
+  const int64_t chunks = (width + kChunkTc - 1) / kChunkTc, per = (chunks + kMaxCluster - 1) / kMaxCluster;
+  const unsigned n = static_cast<unsigned>((chunks + per - 1) / per);
   const TcArgs args{q, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o};
   return cuda::launch(sparse_tc_kernel,
-                      cuda::LaunchParams{dim3(chunks, static_cast<unsigned>(H / kHeadsTc)), dim3(kThreadsTc),
-                                         sizeof(TcSmem), st, chunks},
+                      cuda::LaunchParams{dim3(n, static_cast<unsigned>(H / kHeadsTc)), dim3(kThreadsTc), sizeof(TcSmem),
+                                         st, n},
                       args);
 }
 
