@@ -76,7 +76,13 @@ struct TcArgs {
   RopeArgs rope;
   WindowArgs win;
   float* o;  // [H][Dh]
+  int trace;
 };
+__device__ __forceinline__ unsigned long long gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -108,11 +114,14 @@ __device__ __forceinline__ void load_q(const TcArgs& a, int h0, TcSmem& s) {
   const int tail0 = kDhTc - 2 * rope.half;
   const float at = rope.freqs != nullptr ? static_cast<float>(cuda::scalar_value(rope.pos0_value, rope.pos0_dev)) : 0.0f;
   const float4* src = reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0) * kDhTc);
+  constexpr int kIters = kHeadsTc * kDhTc / 4 / kThreadsTc;
+  float4 v[kIters];  // every load in flight before the first store
 #pragma unroll
-  for (int i = threadIdx.x; i < kHeadsTc * kDhTc / 4; i += kThreadsTc) {
-    const int h = i / (kDhTc / 4), d = 4 * (i % (kDhTc / 4));
-    const float4 v = __ldg(src + i);
-    float t[4] = {v.x, v.y, v.z, v.w};
+  for (int u = 0; u < kIters; ++u) v[u] = __ldg(src + threadIdx.x + u * kThreadsTc);
+#pragma unroll
+  for (int u = 0; u < kIters; ++u) {
+    const int i = static_cast<int>(threadIdx.x) + u * kThreadsTc, h = i / (kDhTc / 4), d = 4 * (i % (kDhTc / 4));
+    float t[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
     if (rope.freqs != nullptr) {
       for (int j = 0; j < 2; ++j) {
         if (d + 2 * j >= tail0) rope::detail::rotate_pair(t + 2 * j, 0, at * rope.freqs[(d + 2 * j - tail0) / 2], false);
@@ -134,14 +143,25 @@ __device__ __forceinline__ int load_rows(const TcArgs& a, int c, TcSmem& s) {
     s.rows[k] = k < cn ? kv_row(a.kv_a, a.n_a, a.kv_b, kDhTc, list_entry(win, pos0, 1, 0, a.idx, e0 + k)) : nullptr;
   }
   __syncthreads();
-  constexpr int kVec = kDhTc / 4;  // float4s a row
-#pragma unroll 8  // 32 KB of loads in flight a CTA: the rows come from L2 one CTA a chunk
-  for (int i = threadIdx.x; i < kChunkTc * kVec; i += kThreadsTc) {
-    const int k = i / kVec, d = 4 * (i % kVec);
-    const float* row = s.rows[k];
-    const float4 v = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    *reinterpret_cast<__nv_bfloat162*>(&s.kv[k][d]) = __floats2bfloat162_rn(v.x, v.y);
-    *reinterpret_cast<__nv_bfloat162*>(&s.kv[k][d + 2]) = __floats2bfloat162_rn(v.z, v.w);
+  // Loads in batches of 16 a thread (64 KB in flight a CTA), each batch's loads issued before its
+  // stores: a store to shared memory between them would hold each load back until the one before
+  // it has landed (the row pointers are in shared memory too).
+  constexpr int kVec = kDhTc / 4, kIters = kChunkTc * kVec / kThreadsTc, kBatch = 16;
+#pragma unroll
+  for (int b = 0; b < kIters; b += kBatch) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = static_cast<int>(threadIdx.x) + (b + u) * kThreadsTc;
+      const float* row = s.rows[i / kVec];
+      v[u] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + 4 * (i % kVec))) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = static_cast<int>(threadIdx.x) + (b + u) * kThreadsTc, k = i / kVec, d = 4 * (i % kVec);
+      *reinterpret_cast<__nv_bfloat162*>(&s.kv[k][d]) = __floats2bfloat162_rn(v[u].x, v[u].y);
+      *reinterpret_cast<__nv_bfloat162*>(&s.kv[k][d + 2]) = __floats2bfloat162_rn(v[u].z, v[u].w);
+    }
   }
   __syncthreads();
   return cn;
@@ -278,14 +298,23 @@ __device__ __forceinline__ void write_out(const cg::cluster_group& cluster, cons
   float* stash = &s.logit[0][0][0];  // [mine][tail]
   for (int it = threadIdx.x; it < mine * (kDhTc / 4); it += kThreadsTc) {
     const int j = it / (kDhTc / 4), d = 4 * (it % (kDhTc / 4)), h = c + j * n;
+    float4 v[kMaxChunks];  // every chunk's part loaded before the sums
+#pragma unroll
+    for (int q = 0; q < kMaxChunks; ++q) {
+      if (q < map.chunks) {
+        const float* part = reinterpret_cast<const float*>(&cluster.map_shared_rank(&s, q / map.per)->kv[0][0]) +
+                            (q % map.per) * kHeadsTc * kDhTc;
+        v[q] = *reinterpret_cast<const float4*>(part + h * kDhTc + d);
+      }
+    }
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int q = 0; q < map.chunks; ++q) {
-      const float* part = reinterpret_cast<const float*>(&cluster.map_shared_rank(&s, q / map.per)->kv[0][0]) +
-                          (q % map.per) * kHeadsTc * kDhTc;
-      const float4 v = *reinterpret_cast<const float4*>(part + h * kDhTc + d);
-      const float r = s.resc[h][q];
-      acc.x = __fadd_rn(__fmul_rn(acc.x, r), v.x), acc.y = __fadd_rn(__fmul_rn(acc.y, r), v.y);
-      acc.z = __fadd_rn(__fmul_rn(acc.z, r), v.z), acc.w = __fadd_rn(__fmul_rn(acc.w, r), v.w);
+#pragma unroll
+    for (int q = 0; q < kMaxChunks; ++q) {
+      if (q < map.chunks) {
+        const float r = s.resc[h][q];
+        acc.x = __fadd_rn(__fmul_rn(acc.x, r), v[q].x), acc.y = __fadd_rn(__fmul_rn(acc.y, r), v[q].y);
+        acc.z = __fadd_rn(__fmul_rn(acc.z, r), v[q].z), acc.w = __fadd_rn(__fmul_rn(acc.w, r), v[q].w);
+      }
     }
     const float L = s.L[h];
     const float out[4] = {__bfloat162float(__float2bfloat16_rn(__fdiv_rn(acc.x, L))),
@@ -317,7 +346,7 @@ __device__ __forceinline__ void write_out(const cg::cluster_group& cluster, cons
 __device__ __forceinline__ void values_of_chunks(const TcArgs& a, int q0, int mine, const int (&cn)[kChunksCta],
                                                  TcSmem& s) {
   ValueTiles last, first;
-  chunk_probs(s, mine - 1, cn[mine - 1]);
+  chunk_probs(s, mine - 1, mine == 2 ? cn[1] : cn[0]);
   chunk_values(s, last);
   if (mine == 2) {
     __syncthreads();  // every warp done with the rows and p
@@ -341,25 +370,43 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   const ChunkMap map{chunks, (chunks + kMaxCluster - 1) / kMaxCluster};
   const int q0 = map.per * static_cast<int>(blockIdx.x), mine = min(map.per, chunks - q0);
   const int h0 = kHeadsTc * static_cast<int>(blockIdx.y);
+  unsigned long long T[9];
+  T[0] = gtime();
   load_q(a, h0, s);
+  T[1] = gtime();
   int cn[kChunksCta] = {0, 0};
-  for (int j = 0; j < mine; ++j) {
-    cn[j] = load_rows(a, q0 + j, s);
-    chunk_logits(a, j, s);
+#pragma unroll
+  for (int j = 0; j < kChunksCta; ++j) {
+    if (j < mine) {
+      cn[j] = load_rows(a, q0 + j, s);
+      T[2] = gtime();
+      chunk_logits(a, j, s);
+    }
   }
+  T[3] = gtime();
   cluster.sync();  // every chunk's maxima written
+  T[4] = gtime();
   gather(cluster, &TcSmem::cmax, s, s.cmax_all, map);
   __syncthreads();
   running_max(s, q0, mine);
   __syncthreads();
   values_of_chunks(a, q0, mine, cn, s);
+  T[5] = gtime();
   cluster.sync();  // every chunk's value sums and sums written
+  T[6] = gtime();
   gather(cluster, &TcSmem::psum, s, s.psum_all, map);
   __syncthreads();
   merge_factors(a, h0, chunks, s);
   __syncthreads();
   write_out(cluster, a, h0, map, s);
+  T[7] = gtime();
   cluster.sync();  // no CTA leaves while another reads its shared memory
+  T[8] = gtime();
+  if (a.trace && threadIdx.x == 0 && blockIdx.y == 0) {
+    printf("TC c=%d n=%d start %llu q %llu rows %llu logits %llu sync1 %llu values %llu sync2 %llu out %llu sync3 %llu\n",
+           (int)blockIdx.x, (int)gridDim.x, T[0] % 100000000ull, T[1] - T[0], T[2] - T[1], T[3] - T[2], T[4] - T[3], T[5] - T[4],
+           T[6] - T[5], T[7] - T[6], T[8] - T[7]);
+  }
 }
 
 }  // namespace
@@ -382,7 +429,8 @@ Status sparse_attn_tc(cudaStream_t st, const float* q, int H, int64_t Dh, const 
   CUDA_RETURN_IF_ERROR(opt_in);
   const int64_t chunks = (width + kChunkTc - 1) / kChunkTc, per = (chunks + kMaxCluster - 1) / kMaxCluster;
   const unsigned n = static_cast<unsigned>((chunks + per - 1) / per);
-  const TcArgs args{q, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o};
+  static const int trace = cuda::env_int("DSF_ATTN_TC", 0) == 2;
+  const TcArgs args{q, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o, trace};
   return cuda::launch(sparse_tc_kernel,
                       cuda::LaunchParams{dim3(n, static_cast<unsigned>(H / kHeadsTc)), dim3(kThreadsTc), sizeof(TcSmem),
                                          st, n},
