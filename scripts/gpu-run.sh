@@ -25,16 +25,19 @@ if [[ -x out/gpu/bin/linear_cuda_test && ( -z ${DSF_TESTS:-} || linear_cuda == $
   fi
   tail -3 "$logs/linear_cuda_test_fp32_gemv.log"
 fi
-# The sparse attention tests with a decode row on the tensor-core kernel (work in progress).
-if [[ -x out/gpu/bin/model_ops_cuda_test && ( -z ${DSF_TESTS:-} || model_ops_cuda == ${DSF_TESTS} ) ]]; then
-  if DSF_ATTN_TC=1 out/gpu/bin/model_ops_cuda_test --gtest_filter='*Sparse*:*Rope*:*Window*' \
-    > "$logs/model_ops_cuda_test_attn_tc.log" 2>&1; then
-    echo "PASS model_ops_cuda_test (DSF_ATTN_TC=1)"
+# The sparse attention tests and the golden model with a decode row on the tensor-core kernel
+# (sparse_tc.cu; ctest's *_attn_tc).
+for t in model_ops_cuda golden_cuda; do
+  [[ -x out/gpu/bin/${t}_test && ( -z ${DSF_TESTS:-} || $t == "${DSF_TESTS}" ) ]] || continue
+  filter='*'
+  [[ $t == model_ops_cuda ]] && filter='*Sparse*:*Rope*:*Window*'
+  if DSF_ATTN_TC=1 "out/gpu/bin/${t}_test" --gtest_filter="$filter" > "$logs/${t}_test_attn_tc.log" 2>&1; then
+    echo "PASS ${t}_test (DSF_ATTN_TC=1)"
   else
-    echo "FAIL model_ops_cuda_test (DSF_ATTN_TC=1)"; rc=1
+    echo "FAIL ${t}_test (DSF_ATTN_TC=1)"; rc=1
   fi
-  tail -3 "$logs/model_ops_cuda_test_attn_tc.log"
-fi
+  tail -3 "$logs/${t}_test_attn_tc.log"
+done
 [[ ${DSF_SKIP_BENCH:-0} == 1 ]] && exit $rc
 # Benchmarks (not tests): rows for bench/results.csv.
 out/gpu/bin/linear_cuda_bench "$logs/bench.csv" "$(cat out/gpu/commit)" | tee "$logs/bench.log"

@@ -33,17 +33,21 @@ constexpr int kThreadsTc = kWarpsTc * 32;
 constexpr int kMaxCluster = 8;        // CTAs a cluster: a portable one
 constexpr int kChunksCta = 2;         // chunks a CTA takes at most (lists of up to 16 chunks)
 constexpr int kMaxChunks = kMaxCluster * kChunksCta;
-constexpr int kDhTc = 512;            // the head dim it is written for
 constexpr int kRopeTc = kChunkTc;     // RoPE dims it takes: a head's fit a logit row
-constexpr int kPitch = kDhTc + 8;     // bf16 a row in shared memory: 1,040 bytes, rows 4 banks apart
+// Head dims it takes: the model's 512 and the golden model's 64 (a warp's share of the value sums
+// is whole n8 tiles).
+constexpr bool head_dim_tc(int64_t Dh) { return Dh == 512 || Dh == 64; }
+template <int Dh>
+constexpr int kPitch = Dh + 8;  // bf16 a row in shared memory (Dh 512: 1,040 bytes, rows 4 banks apart)
 constexpr int kPPitch = kChunkTc + 8;
 
 // Shared memory of a CTA (dynamic, ~98 KB: sm_121 has 99): q of its heads and a chunk's rows as
 // bf16, its chunks' logits, bf16 p, maxima and sums; the rows' space holds the chunks' value sums
 // last (for the merge).
+template <int Dh>
 struct TcSmem {
-  __nv_bfloat16 q[kHeadsTc][kPitch];
-  __nv_bfloat16 kv[kChunkTc][kPitch];  // then float part[kChunksCta][kHeadsTc][kDhTc]
+  __nv_bfloat16 q[kHeadsTc][kPitch<Dh>];
+  __nv_bfloat16 kv[kChunkTc][kPitch<Dh>];  // then float part[kChunksCta][kHeadsTc][Dh]
   float logit[kChunksCta][kHeadsTc][kChunkTc];
   __nv_bfloat16 p[kHeadsTc][kPPitch];
   float cmax[kChunksCta][kHeadsTc];
@@ -55,7 +59,9 @@ struct TcSmem {
   float resc[kHeadsTc][kMaxChunks];      // the merge's rescale of each chunk's part
   float L[kHeadsTc];                     // and the softmax's denominator
 };
-static_assert(sizeof(__nv_bfloat16) * kChunkTc * kPitch >= sizeof(float) * kChunksCta * kHeadsTc * kDhTc,
+static_assert(sizeof(__nv_bfloat16) * kChunkTc * kPitch<512> >= sizeof(float) * kChunksCta * kHeadsTc * 512,
+              "the parts fit the rows");
+static_assert(sizeof(__nv_bfloat16) * kChunkTc * kPitch<64> >= sizeof(float) * kChunksCta * kHeadsTc * 64,
               "the parts fit the rows");
 
 // Chunk q of the list: CTA q / per of the cluster, its slot q % per.
@@ -109,18 +115,22 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& b0, uint32_t& b1, co
 
 // q of heads h0 .. h0 + 15 as bf16 (exact: wq_b's values), its RoPE dims rotated in registers
 // (rotate_pair rounds them to bf16): each float4 holds two whole pairs.
-__device__ __forceinline__ void load_q(const TcArgs& a, int h0, TcSmem& s) {
+template <int Dh>
+__device__ __forceinline__ void load_q(const TcArgs& a, int h0, TcSmem<Dh>& s) {
   const RopeArgs rope = a.rope;
-  const int tail0 = kDhTc - 2 * rope.half;
+  const int tail0 = Dh - 2 * rope.half;
   const float at = rope.freqs != nullptr ? static_cast<float>(cuda::scalar_value(rope.pos0_value, rope.pos0_dev)) : 0.0f;
-  const float4* src = reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0) * kDhTc);
-  constexpr int kIters = kHeadsTc * kDhTc / 4 / kThreadsTc;
+  const float4* src = reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0) * Dh);
+  constexpr int kIters = kHeadsTc * Dh / 4 / kThreadsTc;
   float4 v[kIters];  // every load in flight before the first store
 #pragma unroll
-  for (int u = 0; u < kIters; ++u) v[u] = __ldg(src + threadIdx.x + u * kThreadsTc);
+  for (int u = 0; u < kIters; ++u) {
+    const int i = static_cast<int>(threadIdx.x) + u * kThreadsTc;
+    v[u] = h0 + i / (Dh / 4) < a.H ? __ldg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
 #pragma unroll
   for (int u = 0; u < kIters; ++u) {
-    const int i = static_cast<int>(threadIdx.x) + u * kThreadsTc, h = i / (kDhTc / 4), d = 4 * (i % (kDhTc / 4));
+    const int i = static_cast<int>(threadIdx.x) + u * kThreadsTc, h = i / (Dh / 4), d = 4 * (i % (Dh / 4));
     float t[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
     if (rope.freqs != nullptr) {
       for (int j = 0; j < 2; ++j) {
@@ -134,19 +144,20 @@ __device__ __forceinline__ void load_q(const TcArgs& a, int h0, TcSmem& s) {
 
 // The chunk's rows (null: no entry) and, as bf16, their values (zeros for none); returns how
 // many entries the chunk has.
-__device__ __forceinline__ int load_rows(const TcArgs& a, int c, TcSmem& s) {
+template <int Dh>
+__device__ __forceinline__ int load_rows(const TcArgs& a, int c, TcSmem<Dh>& s) {
   const WindowArgs win = a.win;
   const int64_t e0 = static_cast<int64_t>(c) * kChunkTc, pos0 = win.ww > 0 ? cuda::scalar_value(win.pos0_value, win.pos0_dev) : 0;
   const int cn = static_cast<int>(min(static_cast<int64_t>(kChunkTc), a.width - e0));
   if (threadIdx.x < kChunkTc) {
     const int k = static_cast<int>(threadIdx.x);
-    s.rows[k] = k < cn ? kv_row(a.kv_a, a.n_a, a.kv_b, kDhTc, list_entry(win, pos0, 1, 0, a.idx, e0 + k)) : nullptr;
+    s.rows[k] = k < cn ? kv_row(a.kv_a, a.n_a, a.kv_b, Dh, list_entry(win, pos0, 1, 0, a.idx, e0 + k)) : nullptr;
   }
   __syncthreads();
   // Loads in batches of 16 a thread (64 KB in flight a CTA), each batch's loads issued before its
   // stores: a store to shared memory between them would hold each load back until the one before
   // it has landed (the row pointers are in shared memory too).
-  constexpr int kVec = kDhTc / 4, kIters = kChunkTc * kVec / kThreadsTc, kBatch = 16;
+  constexpr int kVec = Dh / 4, kIters = kChunkTc * kVec / kThreadsTc, kBatch = kIters < 16 ? kIters : 16;
 #pragma unroll
   for (int b = 0; b < kIters; b += kBatch) {
     float4 v[kBatch];
@@ -169,12 +180,13 @@ __device__ __forceinline__ int load_rows(const TcArgs& a, int c, TcSmem& s) {
 
 // Logits of the CTA's heads over the chunk (warp w: entries 8w .. 8w + 7), scaled, -inf for no
 // entry; then each head's chunk max.
-__device__ __forceinline__ void chunk_logits(const TcArgs& a, int j, TcSmem& s) {
+template <int Dh>
+__device__ __forceinline__ void chunk_logits(const TcArgs& a, int j, TcSmem<Dh>& s) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const __nv_bfloat16* krow = s.kv[8 * warp + g];
 #pragma unroll 8
-  for (int k0 = 0; k0 < kDhTc; k0 += 16) {
+  for (int k0 = 0; k0 < Dh; k0 += 16) {
     mma_bf16(d, word_of(&s.q[g][k0 + 2 * t]), word_of(&s.q[g + 8][k0 + 2 * t]), word_of(&s.q[g][k0 + 2 * t + 8]),
              word_of(&s.q[g + 8][k0 + 2 * t + 8]), word_of(krow + k0 + 2 * t), word_of(krow + k0 + 2 * t + 8));
   }
@@ -195,7 +207,8 @@ __device__ __forceinline__ void chunk_logits(const TcArgs& a, int j, TcSmem& s) 
 
 // p against the running max m (per head), their sum in entry order (unrounded, over the chunk's
 // cn entries) and bf16 p, as sparse_values_kernel.
-__device__ __forceinline__ void chunk_probs(TcSmem& s, int j, int cn) {
+template <int Dh>
+__device__ __forceinline__ void chunk_probs(TcSmem<Dh>& s, int j, int cn) {
   float (&pf)[kHeadsTc][kChunkTc] = s.logit[j];
   for (int i = threadIdx.x; i < kHeadsTc * kChunkTc; i += kThreadsTc) {
     const int h = i / kChunkTc, k = i % kChunkTc;
@@ -216,42 +229,45 @@ __device__ __forceinline__ void chunk_probs(TcSmem& s, int j, int cn) {
   __syncthreads();
 }
 
-constexpr int kTiles = kDhTc / kWarpsTc / 8;  // n8 tiles a warp's value sums
-using ValueTiles = float[kTiles][4];
+template <int Dh>
+using ValueTiles = float[Dh / kWarpsTc / 8][4];  // a warp's value sums: n8 tiles
 
 // The chunk's value sums P V of the CTA's heads (warp w: dims 64w .. 64w + 63), in registers.
-__device__ __forceinline__ void chunk_values(const TcSmem& s, ValueTiles& acc) {
+template <int Dh>
+__device__ __forceinline__ void chunk_values(const TcSmem<Dh>& s, ValueTiles<Dh>& acc) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  for (int j = 0; j < (Dh / kWarpsTc / 8); ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll
   for (int k0 = 0; k0 < kChunkTc; k0 += 16) {
     const uint32_t a0 = word_of(&s.p[g][k0 + 2 * t]), a1 = word_of(&s.p[g + 8][k0 + 2 * t]);
     const uint32_t a2 = word_of(&s.p[g][k0 + 2 * t + 8]), a3 = word_of(&s.p[g + 8][k0 + 2 * t + 8]);
 #pragma unroll
-    for (int j = 0; j < kTiles; ++j) {
+    for (int j = 0; j < (Dh / kWarpsTc / 8); ++j) {
       uint32_t b0, b1;
-      ldmatrix_x2_trans(b0, b1, &s.kv[k0 + (lane & 15)][64 * warp + 8 * j]);
+      ldmatrix_x2_trans(b0, b1, &s.kv[k0 + (lane & 15)][(Dh / kWarpsTc) * warp + 8 * j]);
       mma_bf16(acc[j], a0, a1, a2, a3, b0, b1);
     }
   }
 }
 
 // Stores value sums as part slot j (the rows' space: once every warp is done with the rows).
-__device__ __forceinline__ void store_part(TcSmem& s, int slot, const ValueTiles& acc) {
+template <int Dh>
+__device__ __forceinline__ void store_part(TcSmem<Dh>& s, int slot, const ValueTiles<Dh>& acc) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float* part = reinterpret_cast<float*>(&s.kv[0][0]) + slot * kHeadsTc * kDhTc;
+  float* part = reinterpret_cast<float*>(&s.kv[0][0]) + slot * kHeadsTc * Dh;
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-    const int d0 = 64 * warp + 8 * j + 2 * t;
-    part[g * kDhTc + d0] = acc[j][0], part[g * kDhTc + d0 + 1] = acc[j][1];
-    part[(g + 8) * kDhTc + d0] = acc[j][2], part[(g + 8) * kDhTc + d0 + 1] = acc[j][3];
+  for (int j = 0; j < (Dh / kWarpsTc / 8); ++j) {
+    const int d0 = (Dh / kWarpsTc) * warp + 8 * j + 2 * t;
+    part[g * Dh + d0] = acc[j][0], part[g * Dh + d0 + 1] = acc[j][1];
+    part[(g + 8) * Dh + d0] = acc[j][2], part[(g + 8) * Dh + d0 + 1] = acc[j][3];
   }
 }
 
 // Copies field f of every chunk's CTA into dst[chunk][head]: one load a thread.
-__device__ __forceinline__ void gather(const cg::cluster_group& cluster, float (TcSmem::*f)[kChunksCta][kHeadsTc],
-                                      TcSmem& s, float (*dst)[kHeadsTc], ChunkMap map) {
+template <int Dh>
+__device__ __forceinline__ void gather(const cg::cluster_group& cluster, float (TcSmem<Dh>::*f)[kChunksCta][kHeadsTc],
+                                      TcSmem<Dh>& s, float (*dst)[kHeadsTc], ChunkMap map) {
   if (threadIdx.x < kHeadsTc * map.chunks) {
     const int q = static_cast<int>(threadIdx.x) / kHeadsTc, h = static_cast<int>(threadIdx.x) % kHeadsTc;
     dst[q][h] = (cluster.map_shared_rank(&s, q / map.per)->*f)[q % map.per][h];
@@ -259,7 +275,8 @@ __device__ __forceinline__ void gather(const cg::cluster_group& cluster, float (
 }
 
 // The running max of every head through each of the CTA's chunks (the reference's chunk loop).
-__device__ __forceinline__ void running_max(TcSmem& s, int q0, int mine) {
+template <int Dh>
+__device__ __forceinline__ void running_max(TcSmem<Dh>& s, int q0, int mine) {
   if (threadIdx.x < kHeadsTc) {
     const int h = static_cast<int>(threadIdx.x);
     float m = -1e30f;
@@ -272,7 +289,8 @@ __device__ __forceinline__ void running_max(TcSmem& s, int q0, int mine) {
 
 // The merge's factors of every head: the running max over the chunks in order, each chunk's
 // rescale and the sum L (with the sink), as the reference's chunk loop.
-__device__ __forceinline__ void merge_factors(const TcArgs& a, int h0, int chunks, TcSmem& s) {
+template <int Dh>
+__device__ __forceinline__ void merge_factors(const TcArgs& a, int h0, int chunks, TcSmem<Dh>& s) {
   if (threadIdx.x < kHeadsTc) {
     const int h = static_cast<int>(threadIdx.x);
     float m = -1e30f, l = 0.0f;
@@ -282,29 +300,30 @@ __device__ __forceinline__ void merge_factors(const TcArgs& a, int h0, int chunk
       l = __fadd_rn(__fmul_rn(l, r), s.psum_all[q][h]);
       m = m_new;
     }
-    s.L[h] = __fadd_rn(l, expf(a.sink[h0 + h] - m));
+    s.L[h] = h0 + h < a.H ? __fadd_rn(l, expf(a.sink[h0 + h] - m)) : 1.0f;
   }
 }
 
 // Heads c, c + n, ... of the 16 (c: this CTA's rank, n: the cluster's): every chunk's part merged
 // in chunk order, divided by L and rounded; dims below the RoPE's go out, the RoPE's are rotated
 // back first (stashed in the logits' space).
+template <int Dh>
 __device__ __forceinline__ void write_out(const cg::cluster_group& cluster, const TcArgs& a, int h0, ChunkMap map,
-                                          TcSmem& s) {
+                                          TcSmem<Dh>& s) {
   const int c = static_cast<int>(cluster.block_rank()), n = static_cast<int>(cluster.num_blocks());
   const RopeArgs rope = a.rope;
-  const int tail = rope.freqs != nullptr ? 2 * rope.half : 0, tail0 = kDhTc - tail;
-  const int mine = (kHeadsTc - c + n - 1) / n;
+  const int tail = rope.freqs != nullptr ? 2 * rope.half : 0, tail0 = Dh - tail;
+  const int mine = (min(kHeadsTc, a.H - h0) - c + n - 1) / n;  // heads c + j n < H - h0
   float* stash = &s.logit[0][0][0];  // [mine][tail]
-  for (int it = threadIdx.x; it < mine * (kDhTc / 4); it += kThreadsTc) {
-    const int j = it / (kDhTc / 4), d = 4 * (it % (kDhTc / 4)), h = c + j * n;
+  for (int it = threadIdx.x; it < mine * (Dh / 4); it += kThreadsTc) {
+    const int j = it / (Dh / 4), d = 4 * (it % (Dh / 4)), h = c + j * n;
     float4 v[kMaxChunks];  // every chunk's part loaded before the sums
 #pragma unroll
     for (int q = 0; q < kMaxChunks; ++q) {
       if (q < map.chunks) {
         const float* part = reinterpret_cast<const float*>(&cluster.map_shared_rank(&s, q / map.per)->kv[0][0]) +
-                            (q % map.per) * kHeadsTc * kDhTc;
-        v[q] = *reinterpret_cast<const float4*>(part + h * kDhTc + d);
+                            (q % map.per) * kHeadsTc * Dh;
+        v[q] = *reinterpret_cast<const float4*>(part + h * Dh + d);
       }
     }
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -323,7 +342,7 @@ __device__ __forceinline__ void write_out(const cg::cluster_group& cluster, cons
                           __bfloat162float(__float2bfloat16_rn(__fdiv_rn(acc.w, L)))};
     for (int e = 0; e < 4; ++e) {
       if (d + e < tail0) {
-        a.o[static_cast<int64_t>(h0 + h) * kDhTc + d + e] = out[e];
+        a.o[static_cast<int64_t>(h0 + h) * Dh + d + e] = out[e];
       } else {
         stash[j * tail + d + e - tail0] = out[e];
       }
@@ -336,16 +355,17 @@ __device__ __forceinline__ void write_out(const cg::cluster_group& cluster, cons
     const int j = it / rope.half, p = it % rope.half;
     float* pair = stash + j * tail + 2 * p;
     rope::detail::rotate_pair(pair, 0, at * rope.freqs[p], true);
-    float* o = a.o + static_cast<int64_t>(h0 + c + j * n) * kDhTc + tail0 + 2 * p;
+    float* o = a.o + static_cast<int64_t>(h0 + c + j * n) * Dh + tail0 + 2 * p;
     o[0] = pair[0], o[1] = pair[1];
   }
 }
 
 // The value sums of the CTA's chunks q0 .. q0 + mine - 1 (mine <= 2) into its part slots: the
 // last chunk's rows are still in shared memory, the first's are gathered again.
+template <int Dh>
 __device__ __forceinline__ void values_of_chunks(const TcArgs& a, int q0, int mine, const int (&cn)[kChunksCta],
-                                                 TcSmem& s) {
-  ValueTiles last, first;
+                                                 TcSmem<Dh>& s) {
+  ValueTiles<Dh> last, first;
   chunk_probs(s, mine - 1, mine == 2 ? cn[1] : cn[0]);
   chunk_values(s, last);
   if (mine == 2) {
@@ -359,12 +379,14 @@ __device__ __forceinline__ void values_of_chunks(const TcArgs& a, int q0, int mi
   if (mine == 2) store_part(s, 0, first);
 }
 
-// grid (n, H / kHeadsTc), a cluster of n CTAs along x: CTA c takes chunks per c .. per c + per - 1
-// of the row's list (per = ceil(chunks / 8), n = ceil(chunks / per)) for heads 16 blockIdx.y ...
+// grid (n, ceil(H / kHeadsTc)), a cluster of n CTAs along x: CTA c takes chunks per c .. per c +
+// per - 1 of the row's list (per = ceil(chunks / 8), n = ceil(chunks / per)) for heads 16
+// blockIdx.y ... (past H: zeros, no output).
+template <int Dh>
 __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_constant__ TcArgs a) {
   cuda::await_inputs();
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  TcSmem& s = *reinterpret_cast<TcSmem*>(smem_raw);
+  TcSmem<Dh>& s = *reinterpret_cast<TcSmem<Dh>*>(smem_raw);
   cg::cluster_group cluster = cg::this_cluster();
   const int chunks = static_cast<int>((a.width + kChunkTc - 1) / kChunkTc);
   const ChunkMap map{chunks, (chunks + kMaxCluster - 1) / kMaxCluster};
@@ -386,7 +408,7 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   T[3] = gtime();
   cluster.sync();  // every chunk's maxima written
   T[4] = gtime();
-  gather(cluster, &TcSmem::cmax, s, s.cmax_all, map);
+  gather(cluster, &TcSmem<Dh>::cmax, s, s.cmax_all, map);
   __syncthreads();
   running_max(s, q0, mine);
   __syncthreads();
@@ -394,7 +416,7 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   T[5] = gtime();
   cluster.sync();  // every chunk's value sums and sums written
   T[6] = gtime();
-  gather(cluster, &TcSmem::psum, s, s.psum_all, map);
+  gather(cluster, &TcSmem<Dh>::psum, s, s.psum_all, map);
   __syncthreads();
   merge_factors(a, h0, chunks, s);
   __syncthreads();
@@ -416,25 +438,31 @@ bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, cons
   static const bool on = cuda::env_int("DSF_ATTN_TC", 0) != 0;  // work in progress: off by default
   const int64_t chunks = (width + kChunkTc - 1) / kChunkTc;
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return on && S == 1 && Dh == kDhTc && 2 * rope_half <= kRopeTc && H % kHeadsTc == 0 && chunks >= 1 && chunks <= kMaxChunks && aligned(q) &&
-         aligned(kv_a) && (kv_b == nullptr || aligned(kv_b));
+  return on && S == 1 && head_dim_tc(Dh) && 2 * rope_half <= std::min<int64_t>(kRopeTc, Dh) && H >= 1 && chunks >= 1 &&
+         chunks <= kMaxChunks && aligned(q) && aligned(kv_a) && (kv_b == nullptr || aligned(kv_b));
+}
+
+template <int Dh>
+Status launch_tc(cudaStream_t st, const TcArgs& args) {
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(TcSmem<Dh>)));
+  CUDA_RETURN_IF_ERROR(opt_in);
+  const int64_t chunks = (args.width + kChunkTc - 1) / kChunkTc, per = (chunks + kMaxCluster - 1) / kMaxCluster;
+  const unsigned n = static_cast<unsigned>((chunks + per - 1) / per);
+  const unsigned groups = static_cast<unsigned>((args.H + kHeadsTc - 1) / kHeadsTc);
+  return cuda::launch(sparse_tc_kernel<Dh>,
+                      cuda::LaunchParams{dim3(n, groups), dim3(kThreadsTc), sizeof(TcSmem<Dh>), st, n}, args);
 }
 
 Status sparse_attn_tc(cudaStream_t st, const float* q, int H, int64_t Dh, const float* kv_a, int64_t n_a,
                       const float* kv_b, const int32_t* idx, int64_t width, const float* sink, float scale, float* o,
                       const RopeArgs& rope, const WindowArgs& win) {
-  if (!tc_applies(1, H, Dh, width, rope.freqs != nullptr ? rope.half : 0, q, kv_a, kv_b)) return absl::InternalError("sparse_attn_tc: a call it does not take");
-  static const cudaError_t opt_in = cudaFuncSetAttribute(sparse_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(sizeof(TcSmem)));
-  CUDA_RETURN_IF_ERROR(opt_in);
-  const int64_t chunks = (width + kChunkTc - 1) / kChunkTc, per = (chunks + kMaxCluster - 1) / kMaxCluster;
-  const unsigned n = static_cast<unsigned>((chunks + per - 1) / per);
+  if (!tc_applies(1, H, Dh, width, rope.freqs != nullptr ? rope.half : 0, q, kv_a, kv_b)) {
+    return absl::InternalError("sparse_attn_tc: a call it does not take");
+  }
   static const int trace = cuda::env_int("DSF_ATTN_TC", 0) == 2;
   const TcArgs args{q, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o, trace};
-  return cuda::launch(sparse_tc_kernel,
-                      cuda::LaunchParams{dim3(n, static_cast<unsigned>(H / kHeadsTc)), dim3(kThreadsTc), sizeof(TcSmem),
-                                         st, n},
-                      args);
+  return Dh == 512 ? launch_tc<512>(st, args) : launch_tc<64>(st, args);
 }
 
 }  // namespace dsflash::kernels::attn::detail
