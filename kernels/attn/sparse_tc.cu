@@ -58,6 +58,7 @@ struct TcSmem {
   float m_run[kChunksCta][kHeadsTc];     // the running max through each of this CTA's chunks
   float resc[kHeadsTc][kMaxChunks];      // the merge's rescale of each chunk's part
   float L[kHeadsTc];                     // and the softmax's denominator
+  const float* part_of[kMaxChunks];      // each chunk's value sums (distributed shared memory)
 };
 static_assert(sizeof(__nv_bfloat16) * kChunkTc * kPitch<512> >= sizeof(float) * kChunksCta * kHeadsTc * 512,
               "the parts fit the rows");
@@ -317,22 +318,22 @@ __device__ __forceinline__ void write_out(const cg::cluster_group& cluster, cons
   float* stash = &s.logit[0][0][0];  // [mine][tail]
   for (int it = threadIdx.x; it < mine * (Dh / 4); it += kThreadsTc) {
     const int j = it / (Dh / 4), d = 4 * (it % (Dh / 4)), h = c + j * n;
-    float4 v[kMaxChunks];  // every chunk's part loaded before the sums
-#pragma unroll
-    for (int q = 0; q < kMaxChunks; ++q) {
-      if (q < map.chunks) {
-        const float* part = reinterpret_cast<const float*>(&cluster.map_shared_rank(&s, q / map.per)->kv[0][0]) +
-                            (q % map.per) * kHeadsTc * Dh;
-        v[q] = *reinterpret_cast<const float4*>(part + h * Dh + d);
-      }
-    }
+    // Four chunks' parts loaded before their sums; a rolled loop: this code runs once a CTA, so
+    // every instruction of it is an instruction-cache miss, and unrolled it cost more than it saved.
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int q0 = 0; q0 < map.chunks; q0 += 4) {
+      float4 v[4];
 #pragma unroll
-    for (int q = 0; q < kMaxChunks; ++q) {
-      if (q < map.chunks) {
-        const float r = s.resc[h][q];
-        acc.x = __fadd_rn(__fmul_rn(acc.x, r), v[q].x), acc.y = __fadd_rn(__fmul_rn(acc.y, r), v[q].y);
-        acc.z = __fadd_rn(__fmul_rn(acc.z, r), v[q].z), acc.w = __fadd_rn(__fmul_rn(acc.w, r), v[q].w);
+      for (int u = 0; u < 4; ++u) {
+        if (q0 + u < map.chunks) v[u] = *reinterpret_cast<const float4*>(s.part_of[q0 + u] + h * Dh + d);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (q0 + u < map.chunks) {
+          const float r = s.resc[h][q0 + u];
+          acc.x = __fadd_rn(__fmul_rn(acc.x, r), v[u].x), acc.y = __fadd_rn(__fmul_rn(acc.y, r), v[u].y);
+          acc.z = __fadd_rn(__fmul_rn(acc.z, r), v[u].z), acc.w = __fadd_rn(__fmul_rn(acc.w, r), v[u].w);
+        }
       }
     }
     const float L = s.L[h];
@@ -417,6 +418,11 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   cluster.sync();  // every chunk's value sums and sums written
   T[6] = gtime();
   gather(cluster, &TcSmem<Dh>::psum, s, s.psum_all, map);
+  if (threadIdx.x < map.chunks) {
+    const int q = static_cast<int>(threadIdx.x);
+    s.part_of[q] = reinterpret_cast<const float*>(&cluster.map_shared_rank(&s, q / map.per)->kv[0][0]) +
+                   (q % map.per) * kHeadsTc * Dh;
+  }
   __syncthreads();
   merge_factors(a, h0, chunks, s);
   __syncthreads();
