@@ -83,13 +83,7 @@ struct TcArgs {
   RopeArgs rope;
   WindowArgs win;
   float* o;  // [H][Dh]
-  int trace;
 };
-__device__ __forceinline__ unsigned long long gtime() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -393,29 +387,21 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   const ChunkMap map{chunks, (chunks + kMaxCluster - 1) / kMaxCluster};
   const int q0 = map.per * static_cast<int>(blockIdx.x), mine = min(map.per, chunks - q0);
   const int h0 = kHeadsTc * static_cast<int>(blockIdx.y);
-  unsigned long long T[9];
-  T[0] = gtime();
   load_q(a, h0, s);
-  T[1] = gtime();
   int cn[kChunksCta] = {0, 0};
 #pragma unroll 1  // one copy of the code: it runs once a CTA (instruction-cache misses)
   for (int j = 0; j < mine; ++j) {
     const int n_j = load_rows(a, q0 + j, s);
     cn[0] = j == 0 ? n_j : cn[0], cn[1] = j == 1 ? n_j : cn[1];
-    T[2] = gtime();
     chunk_logits(a, j, s);
   }
-  T[3] = gtime();
   cluster.sync();  // every chunk's maxima written
-  T[4] = gtime();
   gather(cluster, &TcSmem<Dh>::cmax, s, s.cmax_all, map);
   __syncthreads();
   running_max(s, q0, mine);
   __syncthreads();
   values_of_chunks(a, q0, mine, cn, s);
-  T[5] = gtime();
   cluster.sync();  // every chunk's value sums and sums written
-  T[6] = gtime();
   gather(cluster, &TcSmem<Dh>::psum, s, s.psum_all, map);
   if (threadIdx.x < map.chunks) {
     const int q = static_cast<int>(threadIdx.x);
@@ -426,14 +412,7 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   merge_factors(a, h0, chunks, s);
   __syncthreads();
   write_out(cluster, a, h0, map, s);
-  T[7] = gtime();
   cluster.sync();  // no CTA leaves while another reads its shared memory
-  T[8] = gtime();
-  if (a.trace && threadIdx.x == 0 && blockIdx.y == 0) {
-    printf("TC c=%d n=%d start %llu q %llu rows %llu logits %llu sync1 %llu values %llu sync2 %llu out %llu sync3 %llu\n",
-           (int)blockIdx.x, (int)gridDim.x, T[0] % 100000000ull, T[1] - T[0], T[2] - T[1], T[3] - T[2], T[4] - T[3], T[5] - T[4],
-           T[6] - T[5], T[7] - T[6], T[8] - T[7]);
-  }
 }
 
 }  // namespace
@@ -465,8 +444,7 @@ Status sparse_attn_tc(cudaStream_t st, const float* q, int H, int64_t Dh, const 
   if (!tc_applies(1, H, Dh, width, rope.freqs != nullptr ? rope.half : 0, q, kv_a, kv_b)) {
     return absl::InternalError("sparse_attn_tc: a call it does not take");
   }
-  static const int trace = cuda::env_int("DSF_ATTN_TC", 0) == 2;
-  const TcArgs args{q, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o, trace};
+  const TcArgs args{q, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o};
   return Dh == 512 ? launch_tc<512>(st, args) : launch_tc<64>(st, args);
 }
 

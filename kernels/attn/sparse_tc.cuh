@@ -1,5 +1,6 @@
 // Sparse attention of one decode row on the tensor cores (sparse_tc.cu), for attn.cu's
-// sparse_attn_cuda. Work in progress: off unless DSF_ATTN_TC=1.
+// sparse_attn_cuda. Off unless DSF_ATTN_TC=1: it ties the split kernels on the H200 so far
+// (docs/cuda-backend.md, Next item 5).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,9 +12,9 @@
 
 namespace dsflash::kernels::attn::detail {
 
-// Whether it takes a call: DSF_ATTN_TC=1, one query row, Dh 512, heads in sixteens, at most 8
-// chunks of 64 entries, at most 64 RoPE dims (rope_half pairs; 0: no RoPE), 16-byte aligned q
-// and rows.
+// Whether it takes a call: DSF_ATTN_TC=1, one query row, head dim 64 or 512, any head count (a
+// CTA takes sixteen, padded), at most 16 chunks of 64 entries, at most 64 RoPE dims (rope_half
+// pairs; 0: no RoPE), 16-byte aligned q and rows.
 bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, const float* q, const float* kv_a,
                 const float* kv_b);
 
