@@ -68,7 +68,14 @@ static_assert(sizeof(__nv_bfloat16) * kChunkTc * kPitch<64> >= sizeof(float) * k
 // Chunk q of the list: CTA q / per of the cluster, its slot q % per.
 struct ChunkMap {
   int chunks, per;
+  __host__ __device__ int ctas() const { return (chunks + per - 1) / per; }  // the cluster's size
 };
+
+// A list of width entries: chunks of 64, one a CTA up to 8, then two.
+__host__ __device__ inline ChunkMap chunk_map(int64_t width) {
+  const int chunks = static_cast<int>((width + kChunkTc - 1) / kChunkTc);
+  return ChunkMap{chunks, (chunks + kMaxCluster - 1) / kMaxCluster};
+}
 
 struct TcArgs {
   const float* q;  // [H][Dh], before RoPE
@@ -383,9 +390,8 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   extern __shared__ __align__(16) uint8_t smem_raw[];
   TcSmem<Dh>& s = *reinterpret_cast<TcSmem<Dh>*>(smem_raw);
   cg::cluster_group cluster = cg::this_cluster();
-  const int chunks = static_cast<int>((a.width + kChunkTc - 1) / kChunkTc);
-  const ChunkMap map{chunks, (chunks + kMaxCluster - 1) / kMaxCluster};
-  const int q0 = map.per * static_cast<int>(blockIdx.x), mine = min(map.per, chunks - q0);
+  const ChunkMap map = chunk_map(a.width);
+  const int q0 = map.per * static_cast<int>(blockIdx.x), mine = min(map.per, map.chunks - q0);
   const int h0 = kHeadsTc * static_cast<int>(blockIdx.y);
   load_q(a, h0, s);
   int cn[kChunksCta] = {0, 0};
@@ -409,7 +415,7 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
                    (q % map.per) * kHeadsTc * Dh;
   }
   __syncthreads();
-  merge_factors(a, h0, chunks, s);
+  merge_factors(a, h0, map.chunks, s);
   __syncthreads();
   write_out(cluster, a, h0, map, s);
   cluster.sync();  // no CTA leaves while another reads its shared memory
@@ -420,7 +426,7 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
 bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, const float* q, const float* kv_a,
                 const float* kv_b) {
   static const bool on = cuda::env_int("DSF_ATTN_TC", 0) != 0;  // work in progress: off by default
-  const int64_t chunks = (width + kChunkTc - 1) / kChunkTc;
+  const int64_t chunks = (width + kChunkTc - 1) / kChunkTc;  // not chunk_map's: width may be past int
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return on && S == 1 && head_dim_tc(Dh) && 2 * rope_half <= std::min<int64_t>(kRopeTc, Dh) && H >= 1 && chunks >= 1 &&
          chunks <= kMaxChunks && aligned(q) && aligned(kv_a) && (kv_b == nullptr || aligned(kv_b));
@@ -431,8 +437,7 @@ Status launch_tc(cudaStream_t st, const TcArgs& args) {
   static const cudaError_t opt_in = cudaFuncSetAttribute(
       sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(TcSmem<Dh>)));
   CUDA_RETURN_IF_ERROR(opt_in);
-  const int64_t chunks = (args.width + kChunkTc - 1) / kChunkTc, per = (chunks + kMaxCluster - 1) / kMaxCluster;
-  const unsigned n = static_cast<unsigned>((chunks + per - 1) / per);
+  const unsigned n = static_cast<unsigned>(chunk_map(args.width).ctas());
   const unsigned groups = static_cast<unsigned>((args.H + kHeadsTc - 1) / kHeadsTc);
   return cuda::launch(sparse_tc_kernel<Dh>,
                       cuda::LaunchParams{dim3(n, groups), dim3(kThreadsTc), sizeof(TcSmem<Dh>), st, n}, args);
