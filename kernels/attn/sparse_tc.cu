@@ -115,13 +115,11 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& b0, uint32_t& b1, co
                : "r"(smem_addr(row)));
 }
 
-// q of heads h0 .. h0 + 15 as bf16 (exact: wq_b's values), its RoPE dims rotated in registers
-// (rotate_pair rounds them to bf16): each float4 holds two whole pairs.
+// q of heads h0 .. h0 + 15 as bf16 (exact: wq_b's values); then its RoPE dims, read again and
+// rotated (rotate_pair rounds them to bf16) in a rolled loop: sincosf is long, and this code
+// runs once a CTA (every instruction of it an instruction-cache miss).
 template <int Dh>
 __device__ __forceinline__ void load_q(const TcArgs& a, int h0, TcSmem<Dh>& s) {
-  const RopeArgs rope = a.rope;
-  const int tail0 = Dh - 2 * rope.half;
-  const float at = rope.freqs != nullptr ? static_cast<float>(cuda::scalar_value(rope.pos0_value, rope.pos0_dev)) : 0.0f;
   const float4* src = reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0) * Dh);
   constexpr int kIters = kHeadsTc * Dh / 4 / kThreadsTc;
   float4 v[kIters];  // every load in flight before the first store
@@ -133,14 +131,21 @@ __device__ __forceinline__ void load_q(const TcArgs& a, int h0, TcSmem<Dh>& s) {
 #pragma unroll
   for (int u = 0; u < kIters; ++u) {
     const int i = static_cast<int>(threadIdx.x) + u * kThreadsTc, h = i / (Dh / 4), d = 4 * (i % (Dh / 4));
-    float t[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-    if (rope.freqs != nullptr) {
-      for (int j = 0; j < 2; ++j) {
-        if (d + 2 * j >= tail0) rope::detail::rotate_pair(t + 2 * j, 0, at * rope.freqs[(d + 2 * j - tail0) / 2], false);
-      }
-    }
+    *reinterpret_cast<__nv_bfloat162*>(&s.q[h][d]) = __floats2bfloat162_rn(v[u].x, v[u].y);
+    *reinterpret_cast<__nv_bfloat162*>(&s.q[h][d + 2]) = __floats2bfloat162_rn(v[u].z, v[u].w);
+  }
+  const RopeArgs rope = a.rope;
+  if (rope.freqs == nullptr) return;
+  __syncthreads();  // the unrotated values written
+  const int tail0 = Dh - 2 * rope.half, heads = min(kHeadsTc, a.H - h0);
+  const float at = static_cast<float>(cuda::scalar_value(rope.pos0_value, rope.pos0_dev));
+#pragma unroll 1
+  for (int i = threadIdx.x; i < heads * rope.half; i += kThreadsTc) {
+    const int h = i / rope.half, p = i % rope.half, d = tail0 + 2 * p;
+    const float* qp = a.q + static_cast<int64_t>(h0 + h) * Dh + d;
+    float t[2] = {qp[0], qp[1]};
+    rope::detail::rotate_pair(t, 0, at * rope.freqs[p], false);
     *reinterpret_cast<__nv_bfloat162*>(&s.q[h][d]) = __floats2bfloat162_rn(t[0], t[1]);
-    *reinterpret_cast<__nv_bfloat162*>(&s.q[h][d + 2]) = __floats2bfloat162_rn(t[2], t[3]);
   }
 }
 
@@ -160,7 +165,7 @@ __device__ __forceinline__ int load_rows(const TcArgs& a, int c, TcSmem<Dh>& s) 
   // stores: a store to shared memory between them would hold each load back until the one before
   // it has landed (the row pointers are in shared memory too).
   constexpr int kVec = Dh / 4, kIters = kChunkTc * kVec / kThreadsTc, kBatch = kIters < 16 ? kIters : 16;
-#pragma unroll
+#pragma unroll 1  // the batches rolled: code size (instruction-cache misses)
   for (int b = 0; b < kIters; b += kBatch) {
     float4 v[kBatch];
 #pragma unroll
@@ -212,6 +217,7 @@ __device__ __forceinline__ void chunk_logits(const TcArgs& a, int j, TcSmem<Dh>&
 template <int Dh>
 __device__ __forceinline__ void chunk_probs(TcSmem<Dh>& s, int j, int cn) {
   float (&pf)[kHeadsTc][kChunkTc] = s.logit[j];
+#pragma unroll 1
   for (int i = threadIdx.x; i < kHeadsTc * kChunkTc; i += kThreadsTc) {
     const int h = i / kChunkTc, k = i % kChunkTc;
     pf[h][k] = k < cn ? expf(pf[h][k] - s.m_run[j][h]) : 0.0f;  // p, unrounded
@@ -224,6 +230,7 @@ __device__ __forceinline__ void chunk_probs(TcSmem<Dh>& s, int j, int cn) {
     for (int k = 0; k < cn; ++k) sum = __fadd_rn(sum, pf[h][k]);
     s.psum[j][h] = sum;
   }
+#pragma unroll 1
   for (int i = threadIdx.x; i < kHeadsTc * kChunkTc; i += kThreadsTc) {
     const int h = i / kChunkTc, k = i % kChunkTc;
     s.p[h][k] = __float2bfloat16_rn(pf[h][k]);
