@@ -25,18 +25,18 @@ if [[ -x out/gpu/bin/linear_cuda_test && ( -z ${DSF_TESTS:-} || linear_cuda == $
   fi
   tail -3 "$logs/linear_cuda_test_fp32_gemv.log"
 fi
-# The sparse attention tests and the golden model with a decode row on the tensor-core kernel
-# (sparse_tc.cu; ctest's *_attn_tc).
+# The sparse attention tests and the golden model with a decode row on the split kernels
+# (DSF_ATTN_TC=0; by default the tensor-core kernel, sparse_tc.cu, takes it; ctest's *_attn_split).
 for t in model_ops_cuda golden_cuda; do
   [[ -x out/gpu/bin/${t}_test && ( -z ${DSF_TESTS:-} || $t == "${DSF_TESTS}" ) ]] || continue
   filter='*'
   [[ $t == model_ops_cuda ]] && filter='*Sparse*:*Rope*:*Window*'
-  if DSF_ATTN_TC=1 "out/gpu/bin/${t}_test" --gtest_filter="$filter" > "$logs/${t}_test_attn_tc.log" 2>&1; then
-    echo "PASS ${t}_test (DSF_ATTN_TC=1)"
+  if DSF_ATTN_TC=0 "out/gpu/bin/${t}_test" --gtest_filter="$filter" > "$logs/${t}_test_attn_split.log" 2>&1; then
+    echo "PASS ${t}_test (DSF_ATTN_TC=0)"
   else
-    echo "FAIL ${t}_test (DSF_ATTN_TC=1)"; rc=1
+    echo "FAIL ${t}_test (DSF_ATTN_TC=0)"; rc=1
   fi
-  tail -3 "$logs/${t}_test_attn_tc.log"
+  tail -3 "$logs/${t}_test_attn_split.log"
 done
 [[ ${DSF_SKIP_BENCH:-0} == 1 ]] && exit $rc
 # Benchmarks (not tests): rows for bench/results.csv.

@@ -430,20 +430,48 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
 
 }  // namespace
 
+// Whether this device runs the kernel at Dh: its shared memory (~98 KB) granted and a cluster
+// of kMaxCluster CTAs resident at once (not every device has clusters or that much memory a
+// CTA; where one lacks them the split kernels take every call). Asked once.
+template <int Dh>
+bool device_runs_tc() {
+  static const bool runs = [] {
+    if (cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(sizeof(TcSmem<Dh>))) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(kMaxCluster);
+    cfg.blockDim = dim3(kThreadsTc);
+    cfg.dynamicSmemBytes = sizeof(TcSmem<Dh>);
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kMaxCluster, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    cfg.attrs = &cluster;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return clusters > 0;
+  }();
+  return runs;
+}
+
 bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, const float* q, const float* kv_a,
                 const float* kv_b) {
-  static const bool on = cuda::env_int("DSF_ATTN_TC", 0) != 0;  // work in progress: off by default
+  static const bool on = cuda::env_int("DSF_ATTN_TC", 1) != 0;  // DSF_ATTN_TC=0: the split kernels (measurement)
   const int64_t chunks = (width + kChunkTc - 1) / kChunkTc;  // not chunk_map's: width may be past int
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return on && S == 1 && head_dim_tc(Dh) && 2 * rope_half <= std::min<int64_t>(kRopeTc, Dh) && H >= 1 && chunks >= 1 &&
-         chunks <= kMaxChunks && aligned(q) && aligned(kv_a) && (kv_b == nullptr || aligned(kv_b));
+         chunks <= kMaxChunks && aligned(q) && aligned(kv_a) && (kv_b == nullptr || aligned(kv_b)) &&
+         (Dh == 512 ? device_runs_tc<512>() : device_runs_tc<64>());
 }
 
 template <int Dh>
 Status launch_tc(cudaStream_t st, const TcArgs& args) {
-  static const cudaError_t opt_in = cudaFuncSetAttribute(
-      sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(TcSmem<Dh>)));
-  CUDA_RETURN_IF_ERROR(opt_in);
   const unsigned n = static_cast<unsigned>(chunk_map(args.width).ctas());
   const unsigned groups = static_cast<unsigned>((args.H + kHeadsTc - 1) / kHeadsTc);
   return cuda::launch(sparse_tc_kernel<Dh>,

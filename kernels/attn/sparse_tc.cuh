@@ -1,6 +1,6 @@
 // Sparse attention of one decode row on the tensor cores (sparse_tc.cu), for attn.cu's
-// sparse_attn_cuda. Off unless DSF_ATTN_TC=1: it ties the split kernels on the H200 so far
-// (docs/cuda-backend.md, Next item 5).
+// sparse_attn_cuda: every one-row call it takes (a decode step's), the split kernels the rest
+// and every call under DSF_ATTN_TC=0 (docs/cuda-backend.md).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,7 +12,8 @@
 
 namespace dsflash::kernels::attn::detail {
 
-// Whether it takes a call: DSF_ATTN_TC=1, one query row, head dim 64 or 512, any head count (a
+// Whether it takes a call: not DSF_ATTN_TC=0, a device that runs it (clusters of 8 CTAs of
+// ~98 KB of shared memory), one query row, head dim 64 or 512, any head count (a
 // CTA takes sixteen, padded), at most 16 chunks of 64 entries, at most 64 RoPE dims (rope_half
 // pairs; 0: no RoPE), 16-byte aligned q and rows.
 bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, const float* q, const float* kv_a,

@@ -131,7 +131,7 @@ TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
                               AttnShape{40, 64, 512, 700, 640},  // 40 rows: two passes of the split's scratch
                               AttnShape{1, 16, 512, 100, 64}, AttnShape{1, 32, 512, 700, 512},
                               AttnShape{1, 64, 512, 700, 65}, AttnShape{1, 16, 512, 1100, 1024},
-                              AttnShape{1, 32, 512, 1100, 576},  // one row: 1, 8, 2, 16 and 9 chunks (DSF_ATTN_TC)
+                              AttnShape{1, 32, 512, 1100, 576},  // one row: 1, 8, 2, 16 and 9 chunks (sparse_tc)
                               AttnShape{1, 4, 64, 300, 200}, AttnShape{1, 20, 64, 100, 64}}) {  // heads not in sixteens
     sparse_attn_case(sh, rng, 3, [](int64_t, int64_t, std::mt19937& r, auto& pick) { return r() % 7 == 0 ? -1 : pick(r); },
                      &agree);
