@@ -430,32 +430,50 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
 
 }  // namespace
 
-// Whether this device runs the kernel at Dh: its shared memory (~98 KB) granted and a cluster
-// of kMaxCluster CTAs resident at once (not every device has clusters or that much memory a
-// CTA; where one lacks them the split kernels take every call). Asked once.
+// Whether this device runs the kernel at Dh: cluster launches, its shared memory (~98 KB)
+// granted and a cluster of kMaxCluster CTAs of it resident at once (not every device has
+// clusters or that much memory a CTA; where one lacks them the split kernels take every call).
+template <int Dh>
+bool tc_resources_granted() {
+  int dev = 0, clusters_ok = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&clusters_ok, cudaDevAttrClusterLaunch, dev) != cudaSuccess || clusters_ok == 0) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(sizeof(TcSmem<Dh>))) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kMaxCluster);
+  cfg.blockDim = dim3(kThreadsTc);
+  cfg.dynamicSmemBytes = sizeof(TcSmem<Dh>);
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kMaxCluster, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+  cfg.attrs = &cluster;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return clusters > 0;
+}
+
+// tc_resources_granted, asked once.
 template <int Dh>
 bool device_runs_tc() {
   static const bool runs = [] {
-    if (cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(sizeof(TcSmem<Dh>))) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(kMaxCluster);
-    cfg.blockDim = dim3(kThreadsTc);
-    cfg.dynamicSmemBytes = sizeof(TcSmem<Dh>);
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kMaxCluster, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    return clusters > 0;
+    // The first call may come while a stream is captured (a graph decode step): these queries
+    // are not stream work, so this thread may make them in relaxed capture mode.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) return false;
+    const bool ok = tc_resources_granted<Dh>();
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return ok;
   }();
   return runs;
 }
