@@ -2,8 +2,10 @@
 // N straight-line FMAs (8 independent chains, 4 warps a CTA, one CTA a SM) timed with their
 // code (a) in the SM's caches (run twice in a row), (b) in L2 only (another kernel's 256 KB of
 // code ran between) and (c) in DRAM only (as (b), then 256 MB written through L2), the way a
-// decode step's kernels find theirs after the layer's weights streamed through. Medians of
-// --reps launches; rows (bench/results.csv format) with --csv.
+// decode step's kernels find theirs after the layer's weights streamed through. Each timed
+// launch is queued behind a ~20 us spin, so its events time the GPU's work only (the first
+// form, without the spin, timed the host's launch latency in (a) and (b) but not in (c)).
+// Medians of --reps launches; rows (bench/results.csv format) with --csv.
 //   icache_bench [--reps N] [--csv FILE] [--label TEXT]
 #include <cuda_runtime.h>
 
@@ -44,6 +46,14 @@ __global__ void __launch_bounds__(128) straight_kernel(float* out, float a, floa
   if (s == 1234.5f) out[threadIdx.x] = s;  // keeps the chains alive; never true for these inputs
 }
 
+// Spins ~20 us on one thread: queued before a timed launch, so that the launch is on the GPU's
+// queue when its start event fires and the time is the kernel's, not the host's launch latency.
+__global__ void delay_kernel(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
 using Kernel = void (*)(float*, float, float);
 
 struct Timer {
@@ -52,7 +62,9 @@ struct Timer {
     CHECK(cudaEventCreate(&a));
     CHECK(cudaEventCreate(&b));
   }
+  long long delay_cycles = 40000;
   float run(Kernel k, int sms, float* out) {
+    delay_kernel<<<1, 1>>>(delay_cycles);
     CHECK(cudaEventRecord(a));
     k<<<sms, 128>>>(out, 0.999f, 0.001f);
     CHECK(cudaEventRecord(b));
