@@ -85,6 +85,37 @@ struct Size {
   Kernel k, other;  // `other`: a different copy, run between to take k's code out of the SM
 };
 
+// Rows in bench/results.csv's format (date, commit from DSF_COMMIT, machine from DSF_MACHINE or
+// the device's name) appended to a file; no file: nothing.
+class CsvRows {
+ public:
+  CsvRows(const std::string& path, const char* device_name) : machine_(device_name) {
+    if (path.empty()) return;
+    f_ = std::fopen(path.c_str(), "a");
+    if (f_ == nullptr) {
+      std::fprintf(stderr, "icache_bench: cannot append to %s\n", path.c_str());
+      std::exit(1);
+    }
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date_, sizeof date_, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    if (const char* c = std::getenv("DSF_COMMIT")) commit_ = c;
+    if (const char* m = std::getenv("DSF_MACHINE")) machine_ = m;
+  }
+  ~CsvRows() {
+    if (f_ != nullptr) std::fclose(f_);
+  }
+  void add(const std::string& config, const char* metric, float us) {
+    if (f_ == nullptr) return;
+    std::fprintf(f_, "%s,%s,\"%s\",icache_bench,\"%s\",%s,%.3f,us\n", date_, commit_.c_str(), machine_.c_str(),
+                 config.c_str(), metric, us);
+  }
+
+ private:
+  FILE* f_ = nullptr;
+  char date_[32] = {};
+  std::string commit_ = "unknown", machine_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,16 +156,7 @@ int main(int argc, char** argv) {
     timer.run(s.other, sms, out);
   }
   timer.run(evict, sms, out);
-  FILE* f = csv.empty() ? nullptr : std::fopen(csv.c_str(), "a");
-  if (!csv.empty() && f == nullptr) {
-    std::fprintf(stderr, "icache_bench: cannot append to %s\n", csv.c_str());
-    return 1;
-  }
-  char date[32];
-  const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  const char* commit = std::getenv("DSF_COMMIT");
-  const char* machine = std::getenv("DSF_MACHINE");
+  CsvRows rows(csv, prop.name);
   std::printf("%-8s %10s %10s %10s %14s %14s\n", "ops", "warm_us", "l2_us", "dram_us", "l2_ns_per_op",
               "dram_ns_per_op");
   for (const Size& s : sizes) {
@@ -152,20 +174,12 @@ int main(int argc, char** argv) {
     const float w = median(warm), l = median(l2), d = median(dram);
     std::printf("%-8d %10.2f %10.2f %10.2f %14.3f %14.3f\n", s.ops, w, l, d, 1000.0f * (l - w) / s.ops,
                 1000.0f * (d - w) / s.ops);
-    if (f != nullptr) {
-      const std::string config = label + ", " + std::to_string(s.ops) + " straight-line FMAs (" +
-                                 std::to_string(16 * s.ops / 1024) + " KB of code), " + std::to_string(sms) + " CTAs";
-      const struct {
-        const char* metric;
-        float value;
-      } rows[] = {{"launch_us_code_in_sm", w}, {"launch_us_code_in_l2", l}, {"launch_us_code_in_dram", d}};
-      for (const auto& row : rows) {
-        std::fprintf(f, "%s,%s,\"%s\",icache_bench,\"%s\",%s,%.3f,us\n", date, commit ? commit : "unknown",
-                     machine ? machine : prop.name, config.c_str(), row.metric, row.value);
-      }
-    }
+    const std::string config = label + ", " + std::to_string(s.ops) + " straight-line FMAs (" +
+                               std::to_string(16 * s.ops / 1024) + " KB of code), " + std::to_string(sms) + " CTAs";
+    rows.add(config, "launch_us_code_in_sm", w);
+    rows.add(config, "launch_us_code_in_l2", l);
+    rows.add(config, "launch_us_code_in_dram", d);
   }
-  if (f != nullptr) std::fclose(f);
   CHECK(cudaFree(flush));
   CHECK(cudaFree(out));
   return 0;
