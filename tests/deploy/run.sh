@@ -41,9 +41,10 @@ pids+=($!)
 ready() {
   local m
   m=$(curl -fsS "http://127.0.0.1:$im/metrics" 2>/dev/null) || return 1
-  grep -q '^llm_expert_store_up 1' <<< "$m"
+  grep -q '^llm_expert_store_up 1' <<< "$m" && grep -q '^llm_model_loaded 1' <<< "$m"
 }
-for _ in $(seq 1 600); do ready && break; sleep 0.05; done
+# The store session comes up before the model has loaded (under ASan by seconds): wait for both.
+for _ in $(seq 1 1200); do ready && break; sleep 0.05; done
 ready || { echo "the services did not become ready"; tail -n 5 "$run"/*.log; exit 1; }
 "$dsflash" generate --server "unix:$run/inference.sock" --max-tokens 4 --temperature 0 "Hello deploy" > /dev/null
 curl -fsS "http://127.0.0.1:$im/metrics" > "$run/inference.metrics"
