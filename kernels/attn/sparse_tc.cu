@@ -435,32 +435,29 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
 // clusters or that much memory a CTA; where one lacks them the split kernels take every call).
 template <int Dh>
 bool tc_resources_granted() {
+  const auto failed = [](cudaError_t e) {
+    if (e == cudaSuccess) return false;
+    (void)cudaGetLastError();  // a query's error, not the stream's
+    return true;
+  };
   int dev = 0, clusters_ok = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&clusters_ok, cudaDevAttrClusterLaunch, dev) != cudaSuccess || clusters_ok == 0) {
-    (void)cudaGetLastError();
+  if (failed(cudaGetDevice(&dev)) || failed(cudaDeviceGetAttribute(&clusters_ok, cudaDevAttrClusterLaunch, dev)) ||
+      clusters_ok == 0) {
     return false;
   }
-  if (cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(sizeof(TcSmem<Dh>))) != cudaSuccess) {
-    (void)cudaGetLastError();
+  if (failed(cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(sizeof(TcSmem<Dh>))))) {
     return false;
   }
+  cudaLaunchAttribute cluster = cuda::cluster_attr(kMaxCluster);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(kMaxCluster);
   cfg.blockDim = dim3(kThreadsTc);
   cfg.dynamicSmemBytes = sizeof(TcSmem<Dh>);
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kMaxCluster, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
   cfg.attrs = &cluster;
   cfg.numAttrs = 1;
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return clusters > 0;
+  return !failed(cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg)) && clusters > 0;
 }
 
 // tc_resources_granted, asked once.

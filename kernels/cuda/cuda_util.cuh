@@ -59,6 +59,17 @@ bool kernel_timing_on();
 cudaEvent_t kernel_timing_start(cudaStream_t stream);
 void kernel_timing_stop(const void* kernel, cudaStream_t stream, cudaEvent_t start);
 
+// The launch attribute asking for thread block clusters of x CTAs along x (`launch`; occupancy
+// queries of clustered kernels).
+inline cudaLaunchAttribute cluster_attr(unsigned x) {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = x;
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
+}
+
 // Launches `kernel` and returns the launch error as a Status.
 template <typename... KArgs, typename... Args>
 Status launch(void (*kernel)(KArgs...), const LaunchParams& p, Args&&... args) {
@@ -70,12 +81,7 @@ Status launch(void (*kernel)(KArgs...), const LaunchParams& p, Args&&... args) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (p.cluster_x > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = p.cluster_x;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
-  }
+  if (p.cluster_x > 1) attr[n++] = cluster_attr(p.cluster_x);
   cudaLaunchConfig_t config{};
   config.gridDim = p.grid;
   config.blockDim = p.block;
