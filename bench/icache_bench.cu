@@ -13,9 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <string>
 #include <vector>
+
+#include "bench/bench_csv.h"
 
 namespace {
 
@@ -85,37 +86,6 @@ struct Size {
   Kernel k, other;  // `other`: a different copy, run between to take k's code out of the SM
 };
 
-// Rows in bench/results.csv's format (date, commit from DSF_COMMIT, machine from DSF_MACHINE or
-// the device's name) appended to a file; no file: nothing.
-class CsvRows {
- public:
-  CsvRows(const std::string& path, const char* device_name) : machine_(device_name) {
-    if (path.empty()) return;
-    f_ = std::fopen(path.c_str(), "a");
-    if (f_ == nullptr) {
-      std::fprintf(stderr, "icache_bench: cannot append to %s\n", path.c_str());
-      std::exit(1);
-    }
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date_, sizeof date_, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    if (const char* c = std::getenv("DSF_COMMIT")) commit_ = c;
-    if (const char* m = std::getenv("DSF_MACHINE")) machine_ = m;
-  }
-  ~CsvRows() {
-    if (f_ != nullptr) std::fclose(f_);
-  }
-  void add(const std::string& config, const char* metric, float us) {
-    if (f_ == nullptr) return;
-    std::fprintf(f_, "%s,%s,\"%s\",icache_bench,\"%s\",%s,%.3f,us\n", date_, commit_.c_str(), machine_.c_str(),
-                 config.c_str(), metric, us);
-  }
-
- private:
-  FILE* f_ = nullptr;
-  char date_[32] = {};
-  std::string commit_ = "unknown", machine_;
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -156,7 +126,7 @@ int main(int argc, char** argv) {
     timer.run(s.other, sms, out);
   }
   timer.run(evict, sms, out);
-  CsvRows rows(csv, prop.name);
+  CsvRows rows(csv, "icache_bench", prop.name);
   std::printf("%-8s %10s %10s %10s %14s %14s\n", "ops", "warm_us", "l2_us", "dram_us", "l2_ns_per_op",
               "dram_ns_per_op");
   for (const Size& s : sizes) {
@@ -176,9 +146,9 @@ int main(int argc, char** argv) {
                 1000.0f * (d - w) / s.ops);
     const std::string config = label + ", " + std::to_string(s.ops) + " straight-line FMAs (" +
                                std::to_string(16 * s.ops / 1024) + " KB of code), " + std::to_string(sms) + " CTAs";
-    rows.add(config, "launch_us_code_in_sm", w);
-    rows.add(config, "launch_us_code_in_l2", l);
-    rows.add(config, "launch_us_code_in_dram", d);
+    rows.add(config, "launch_us_code_in_sm", w, "us");
+    rows.add(config, "launch_us_code_in_l2", l, "us");
+    rows.add(config, "launch_us_code_in_dram", d, "us");
   }
   CHECK(cudaFree(flush));
   CHECK(cudaFree(out));
