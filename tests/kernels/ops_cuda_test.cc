@@ -243,11 +243,11 @@ TEST_F(OpsCuda, QdqIsBitExact) {
 // bit: mixes + split (a warp per token for C = 4; the two ops for C = 6) and hc pre + RMSNorm
 // (256 and 1024 threads per row), the sub-layer entry joining both, and the exit joining hc post
 // to the next sub-layer's pre + RMSNorm (one block a token, or a cluster of CTAs for C <= 4 at
-// 1,024 threads a row).
+// 1,024 threads a row; its C = 4 form with the coefficients in registers, C = 3 the general one).
 TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
   std::mt19937 rng(23);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (const int C : {4, 6}) {
+  for (const int C : {3, 4, 6}) {
     const int M = (2 + C) * C;
     for (int64_t D : {17, 257, 2049, 5120, 8192}) {  // 1024 threads a row from 2,048: a cluster of 8 CTAs for C <= 4
       for (int64_t S : {1, 3}) {
