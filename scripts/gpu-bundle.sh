@@ -11,7 +11,7 @@ bins=$(ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
 import json, sys
 for t in json.load(sys.stdin)["tests"]:
     print(t["command"][0])' | sort -u)
-../shared/tools/device-bundle out/gpu $bins "$build/tests/linear_cuda_bench" "$build/tests/icache_bench" \
+../shared/tools/device-bundle out/gpu $bins "$build/tests/linear_cuda_bench" "$build/tests/icache_bench" "$build/tests/chain_bench" \
   "$build/expertstore_svc/dsflash-expertstore" "$build/tools/dsflash" "$build/tools/expertstore_bench" "$build/tools/expert_stream_bench" "$build/tools/expert_cache_sim" "$build/tools/sampler_bench" "$build/inference_svc/dsflash-inference"
 # The commit the rows of its benchmarks carry: "-dirty" where the tree had changes not committed.
 echo "$(git rev-parse --short=7 HEAD)$(git diff --quiet HEAD -- || echo -dirty)" > out/gpu/commit

@@ -43,6 +43,8 @@ done
 out/gpu/bin/linear_cuda_bench "$logs/bench.csv" "$(cat out/gpu/commit)" | tee "$logs/bench.log"
 # The cost of cold code (kernels of straight-line code, their code in the SM, in L2, in DRAM).
 DSF_COMMIT=$(cat out/gpu/commit) out/gpu/bin/icache_bench --csv "$logs/bench.csv" | tee -a "$logs/bench.log" || rc=1
+# A layer's chain of GEMVs as separate kernels against one persistent kernel (bench/chain_bench.cu).
+DSF_COMMIT=$(cat out/gpu/commit) out/gpu/bin/chain_bench --csv "$logs/bench.csv" | tee -a "$logs/bench.log" || rc=1
 # The model on the CUDA backend (DSF_MODEL_BENCH=1): the perf preset (released dims, 40 layers,
 # every expert resident) written to this machine's disk; prefill 512 + decode 64, prefill 4096.
 if [[ ${DSF_MODEL_BENCH:-0} == 1 ]]; then
