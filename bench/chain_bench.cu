@@ -224,7 +224,11 @@ __device__ int issue_gate(const Chain& c, const Cursor& k, int lookahead) {
   return gate;
 }
 
-__global__ void __launch_bounds__(kThreads, 1) persistent_kernel(Chain c, int lookahead, unsigned* count,
+// Diagnostic forms (their outputs are not the chain's): kRingOnly streams and multiplies every
+// chunk with no barriers and no x formed; kBarriersOnly meets at the barriers and spins, no weights.
+constexpr int kRingOnly = 1, kBarriersOnly = 2;
+
+__global__ void __launch_bounds__(kThreads, 1) persistent_kernel(Chain c, int lookahead, int flags, unsigned* count,
                                                                   unsigned* gen) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
@@ -256,17 +260,17 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_kernel(Chain c, int lo
   for (int l = 0; l < c.layers; ++l) {
     for (int p = 0; p < c.n; ++p) {
       cur = l * c.n + p;
-      if (threadIdx.x == 0) fill();
-      if (cur > 0) grid_barrier(count, gen);
+      if (threadIdx.x == 0 && !(flags & kBarriersOnly)) fill();
+      if (cur > 0 && !(flags & kRingOnly)) grid_barrier(count, gen);
       const Phase& ph = c.ph[p];
-      if (ph.rows == 0) {
+      if (ph.rows == 0 || (flags & kBarriersOnly)) {
         spin(ph.spin_ns);
         continue;
       }
       const int32_t* yp;
       int prows;
       input_of(c, l, p, &yp, &prows);
-      form_x(xs, ph.rb, yp, prows);
+      if (!(flags & kRingOnly)) form_x(xs, ph.rb, yp, prows);
       int32_t* y = c.y[p] + static_cast<size_t>(l) * ph.rows;
       const int words = ph.rb / 16;
       while (cons.n > 0 && cons.l == l && cons.p == p) {
@@ -414,7 +418,7 @@ cudaGraphExec_t capture_kernels(const Setup& s, bool pdl) {
 
 constexpr size_t kDynSmem = kStages * kChunk + kMaxRb;
 
-void launch_persistent(const Setup& s, int lookahead, unsigned* sync) {
+void launch_persistent(const Setup& s, int lookahead, unsigned* sync, int flags = 0) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeCooperative;
   attr.val.cooperative = 1;
@@ -424,7 +428,7 @@ void launch_persistent(const Setup& s, int lookahead, unsigned* sync) {
   cfg.dynamicSmemBytes = kDynSmem;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  CHECK(cudaLaunchKernelEx(&cfg, persistent_kernel, s.c, lookahead, sync, sync + 1));
+  CHECK(cudaLaunchKernelEx(&cfg, persistent_kernel, s.c, lookahead, flags, sync, sync + 1));
 }
 
 std::vector<int32_t> outputs(const Setup& s) {
@@ -541,13 +545,16 @@ int main(int argc, char** argv) {
   struct Form {
     const char* name;
     std::function<void()> launch;
+    bool diagnostic = false;  // outputs not the chain's: not compared
   };
   const std::vector<Form> forms = {
       {"kernels", [&] { CHECK(cudaGraphLaunch(pdl, 0)); }},
       {"kernels_nopdl", [&] { CHECK(cudaGraphLaunch(plain, 0)); }},
       {"p0", [&] { launch_persistent(s, 0, sync); }},
       {"p1", [&] { launch_persistent(s, 1, sync); }},
-      {"pall", [&] { launch_persistent(s, -1, sync); }}};
+      {"pall", [&] { launch_persistent(s, -1, sync); }},
+      {"ring_only", [&] { launch_persistent(s, -1, sync, kRingOnly); }, true},
+      {"barriers_only", [&] { launch_persistent(s, -1, sync, kBarriersOnly); }, true}};
   CsvRows rows(a.csv, "chain_bench", prop.name);
   const std::string config = a.label + ", " + std::to_string(a.layers) + " layers, fixed work " +
                              std::to_string(fixed_ns / 1000.0).substr(0, 4) + " us a layer, " + std::to_string(s.sms) + " SMs";
@@ -559,9 +566,9 @@ int main(int argc, char** argv) {
     f.launch();
     CHECK(cudaDeviceSynchronize());
     const std::vector<int32_t> out = outputs(s);
-    if (ref.empty()) {
+    if (!f.diagnostic && ref.empty()) {
       ref = out;
-    } else if (out != ref) {
+    } else if (!f.diagnostic && out != ref) {
       std::fprintf(stderr, "chain_bench: %s's outputs differ from %s's\n", f.name, forms[0].name);
       ++failures;
     }
