@@ -380,7 +380,9 @@ class Timer {
   cudaEvent_t a_, b_;
 };
 
-cudaGraphExec_t capture_kernels(const Setup& s, bool pdl) {
+// The chain as kernels in one graph; only >= 0: phase `only` alone, once a layer (its time in a
+// chain of its own kind; its inputs then are not the chain's).
+cudaGraphExec_t capture_kernels(const Setup& s, bool pdl, int only = -1) {
   cudaStream_t st;
   CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   int occ = 0;
@@ -391,6 +393,7 @@ cudaGraphExec_t capture_kernels(const Setup& s, bool pdl) {
   attr.val.programmaticStreamSerializationAllowed = 1;
   for (int l = 0; l < s.c.layers; ++l) {
     for (int p = 0; p < s.c.n; ++p) {
+      if (only >= 0 && p != only) continue;
       const Phase& ph = s.c.ph[p];
       cudaLaunchConfig_t cfg{};
       cfg.stream = st;
@@ -581,5 +584,20 @@ int main(int argc, char** argv) {
     rows.add(config + ", form " + f.name, "fraction_of_read_bound", read / a.layers / us, "ratio");
   }
   rows.add(config, "plain_read_us_a_layer", read / a.layers, "us");
+  std::printf("each GEMV kernel alone, in a chain of its own kind (PDL graph):\n");
+  for (int p = 0; p < s.c.n; ++p) {
+    if (s.c.ph[p].rows == 0) continue;
+    const cudaGraphExec_t g = capture_kernels(s, true, p);
+    std::vector<float> v;
+    for (int r = 0; r < a.reps; ++r) v.push_back(t.run([&] { CHECK(cudaGraphLaunch(g, 0)); }));
+    const float us = median(v) / a.layers;
+    const double mb = static_cast<double>(s.c.ph[p].rows) * s.c.ph[p].rb / 1e6;
+    std::printf("  phase %2d: %6d x %4d (%5.1f MB) %7.2f us (%.2f TB/s)\n", p, s.c.ph[p].rows, s.c.ph[p].rb, mb, us,
+                mb / us);
+    rows.add(config + ", kernel of phase " + std::to_string(p) + " alone (" + std::to_string(s.c.ph[p].rows) + " x " +
+                 std::to_string(s.c.ph[p].rb) + " bytes)",
+             "us_a_kernel", us, "us");
+    CHECK(cudaGraphExecDestroy(g));
+  }
   return failures == 0 ? 0 : 1;
 }
