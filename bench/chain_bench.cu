@@ -163,29 +163,34 @@ __device__ inline void bar_wait(uint64_t* bar, unsigned parity) {
       : "memory");
 }
 
+// The consumer warps' own CTA barrier (named barrier 1; the producer warp never joins it).
+__device__ inline void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"r"(kThreads) : "memory"); }
+
 // All CTAs of the launch (co-resident: a cooperative launch) meet; generation-counted, so it
-// resets itself.
-__device__ void grid_barrier(unsigned* count, volatile unsigned* gen) {
-  __syncthreads();
+// resets itself. Thread 0 arrives with a release and polls with acquires.
+__device__ void grid_barrier(unsigned* count, unsigned* gen) {
+  consumers_sync();
   if (threadIdx.x == 0) {
-    const unsigned g = *gen;
-    __threadfence();
-    if (atomicAdd(count, 1u) == gridDim.x - 1) {
-      atomicExch(count, 0u);
-      __threadfence();
-      atomicAdd(const_cast<unsigned*>(gen), 1u);
+    unsigned g;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(gen) : "memory");
+    unsigned arrived;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(count) : "memory");
+    if (arrived == gridDim.x - 1) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(count) : "memory");
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(gen) : "memory");
     } else {
-      while (*gen == g) {
-      }
+      unsigned now;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(gen) : "memory");
+      } while (now == g);
     }
-    __threadfence();
   }
-  __syncthreads();
+  consumers_sync();
 }
 
 // A CTA's next chunk of weights in stream order: (layer, phase, first row, rows).
 struct Cursor {
-  int l = 0, p = -1, row = 0, n = 0, end = 0;
+  int l = 0, p = -1, row = 0, n = 0, end = 0, per_chunk = 0;
 };
 
 __device__ void slab(const Chain& c, int p, int* r0, int* r1) {
@@ -206,8 +211,9 @@ __device__ void advance(const Chain& c, Cursor& k) {
     }
     if (c.ph[k.p].rows == 0) continue;
     slab(c, k.p, &k.row, &k.end);
+    k.per_chunk = kChunk / c.ph[k.p].rb;
   }
-  k.n = min(k.end - k.row, kChunk / c.ph[k.p].rb);
+  k.n = min(k.end - k.row, k.per_chunk);
 }
 
 // The earliest phase (global index l * n + p) at which a chunk of phase p may be copied: K
@@ -228,40 +234,54 @@ __device__ int issue_gate(const Chain& c, const Cursor& k, int lookahead) {
 // chunk with no barriers and no x formed; kBarriersOnly meets at the barriers and spins, no weights.
 constexpr int kRingOnly = 1, kBarriersOnly = 2;
 
-__global__ void __launch_bounds__(kThreads, 1) persistent_kernel(Chain c, int lookahead, int flags, unsigned* count,
-                                                                  unsigned* gen) {
+// kThreads consumer threads (8 warps: a warp a row of each chunk) and one producer warp whose
+// lane 0 copies the CTA's chunks in stream order into the ring: stage s is free again once
+// every consumer warp has arrived on empty[s], full once its bytes have landed.
+__device__ void produce(const Chain& c, int lookahead, uint8_t* ring, uint64_t* full, uint64_t* empty,
+                        volatile int* cur) {
+  Cursor k;
+  advance(c, k);
+  for (unsigned i = 0; k.n > 0; ++i) {
+    const int gate = issue_gate(c, k, lookahead);
+    while (*cur < gate) {
+    }
+    const unsigned s = i % kStages;
+    if (i >= kStages) bar_wait(&empty[s], ((i / kStages) - 1) & 1);
+    const Phase& ph = c.ph[k.p];
+    const int8_t* src = c.w[k.p] + (static_cast<size_t>(k.l) * ph.rows + k.row) * ph.rb;
+    bulk_copy(ring + s * kChunk, src, static_cast<unsigned>(k.n * ph.rb), &full[s]);
+    advance(c, k);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads + 32, 1) persistent_kernel(Chain c, int lookahead, int flags,
+                                                                       unsigned* count, unsigned* gen) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
   int8_t* xs = reinterpret_cast<int8_t*>(smem + kStages * kChunk);
-  __shared__ __align__(8) uint64_t full[kStages];
+  __shared__ __align__(8) uint64_t full[kStages], empty[kStages];
+  __shared__ int cur;  // the phase (global index l * n + p) the consumers are in
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full[s])));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&empty[s])), "r"(kThreads / 32));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    cur = 0;
   }
   __syncthreads();
-  // Thread 0 issues; every thread follows the consumer's cursor.
-  Cursor prod, cons;
-  advance(c, prod);
-  cons = prod;
-  long long issued = 0, used = 0;  // chunks copied / consumed
-  int cur = 0;                     // the phase (global index) the CTA is in
-  auto fill = [&]() {
-    while (prod.n > 0 && issued - used < kStages && issue_gate(c, prod, lookahead) <= cur) {
-      const int s = static_cast<int>(issued % kStages);
-      const Phase& ph = c.ph[prod.p];
-      const int8_t* src = c.w[prod.p] + (static_cast<size_t>(prod.l) * ph.rows + prod.row) * ph.rb;
-      bulk_copy(ring + s * kChunk, src, static_cast<unsigned>(prod.n * ph.rb), &full[s]);
-      ++issued;
-      advance(c, prod);
-    }
-  };
+  if (threadIdx.x >= kThreads) {
+    if (threadIdx.x == kThreads && !(flags & kBarriersOnly)) produce(c, lookahead, ring, full, empty, &cur);
+    return;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  Cursor k;
+  advance(c, k);
+  unsigned used = 0;  // chunks consumed
   for (int l = 0; l < c.layers; ++l) {
     for (int p = 0; p < c.n; ++p) {
-      cur = l * c.n + p;
-      if (threadIdx.x == 0 && !(flags & kBarriersOnly)) fill();
-      if (cur > 0 && !(flags & kRingOnly)) grid_barrier(count, gen);
+      if (threadIdx.x == 0) *static_cast<volatile int*>(&cur) = l * c.n + p;
+      if (l + p > 0 && !(flags & kRingOnly)) grid_barrier(count, gen);
       const Phase& ph = c.ph[p];
       if (ph.rows == 0 || (flags & kBarriersOnly)) {
         spin(ph.spin_ns);
@@ -270,28 +290,27 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_kernel(Chain c, int lo
       const int32_t* yp;
       int prows;
       input_of(c, l, p, &yp, &prows);
-      if (!(flags & kRingOnly)) form_x(xs, ph.rb, yp, prows);
+      if (!(flags & kRingOnly)) {
+        for (int j = threadIdx.x; j < ph.rb; j += kThreads) xs[j] = static_cast<int8_t>((__ldcg(yp + j % prows) >> 5) ^ j);
+        consumers_sync();
+      }
       int32_t* y = c.y[p] + static_cast<size_t>(l) * ph.rows;
       const int words = ph.rb / 16;
-      while (cons.n > 0 && cons.l == l && cons.p == p) {
-        const int s = static_cast<int>(used % kStages);
-        bar_wait(&full[s], static_cast<unsigned>((used / kStages) & 1));
+      for (; k.n > 0 && k.l == l && k.p == p; ++used, advance(c, k)) {
+        const unsigned s = used % kStages;
+        bar_wait(&full[s], (used / kStages) & 1);
         const uint4* chunk = reinterpret_cast<const uint4*>(ring + s * kChunk);
-        for (int r = threadIdx.x / 32; r < cons.n; r += blockDim.x / 32) {  // a warp a row
+        for (int r = warp; r < k.n; r += kThreads / 32) {  // a warp a row
           int acc = 0;
-          for (int j = threadIdx.x % 32; j < words; j += 32) {
-            acc += dot16(chunk[r * words + j], reinterpret_cast<const uint4*>(xs)[j]);
-          }
+          for (int j = lane; j < words; j += 32) acc += dot16(chunk[r * words + j], reinterpret_cast<const uint4*>(xs)[j]);
 #pragma unroll
           for (int d = 16; d > 0; d /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, d);
-          if (threadIdx.x % 32 == 0) y[cons.row + r] = acc;
+          if (lane == 0) y[k.row + r] = acc;
         }
-        __syncthreads();
-        ++used;
-        advance(c, cons);
-        if (threadIdx.x == 0) fill();
-        __syncthreads();
+        __syncwarp();
+        if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&empty[s])) : "memory");
       }
+      consumers_sync();  // x is rewritten at the next phase
     }
   }
 }
@@ -427,7 +446,7 @@ void launch_persistent(const Setup& s, int lookahead, unsigned* sync, int flags 
   attr.val.cooperative = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(s.sms);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(kThreads + 32);
   cfg.dynamicSmemBytes = kDynSmem;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
