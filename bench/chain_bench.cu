@@ -40,7 +40,8 @@ namespace {
   } while (0)
 
 constexpr int kMaxPhases = 16;
-constexpr int kThreads = 256;
+constexpr int kThreads = 256;    // the kernels form's CTAs
+constexpr int kConsumers = 512;  // the persistent kernel's consumer threads (a producer warp more)
 constexpr int kStages = 12;
 constexpr int kChunk = 16384;   // bytes a ring stage (whole rows)
 constexpr int kMaxRb = 4608;    // longest row, bytes
@@ -164,7 +165,7 @@ __device__ inline void bar_wait(uint64_t* bar, unsigned parity) {
 }
 
 // The consumer warps' own CTA barrier (named barrier 1; the producer warp never joins it).
-__device__ inline void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"r"(kThreads) : "memory"); }
+__device__ inline void consumers_sync() { asm volatile("bar.sync 1, %0;" ::"r"(kConsumers) : "memory"); }
 
 // All CTAs of the launch (co-resident: a cooperative launch) meet; generation-counted, so it
 // resets itself. Thread 0 arrives with a release and polls with acquires.
@@ -231,10 +232,11 @@ __device__ int issue_gate(const Chain& c, const Cursor& k, int lookahead) {
 }
 
 // Diagnostic forms (their outputs are not the chain's): kRingOnly streams and multiplies every
-// chunk with no barriers and no x formed; kBarriersOnly meets at the barriers and spins, no weights.
-constexpr int kRingOnly = 1, kBarriersOnly = 2;
+// chunk with no barriers and no x formed (with kNoCompute: only streams); kBarriersOnly meets at
+// the barriers and spins, no weights.
+constexpr int kRingOnly = 1, kBarriersOnly = 2, kNoCompute = 4;
 
-// kThreads consumer threads (8 warps: a warp a row of each chunk) and one producer warp whose
+// kConsumers consumer threads (16 warps: a warp a row of each chunk) and one producer warp whose
 // lane 0 copies the CTA's chunks in stream order into the ring: stage s is free again once
 // every consumer warp has arrived on empty[s], full once its bytes have landed.
 __device__ void produce(const Chain& c, int lookahead, uint8_t* ring, uint64_t* full, uint64_t* empty,
@@ -254,7 +256,7 @@ __device__ void produce(const Chain& c, int lookahead, uint8_t* ring, uint64_t* 
   }
 }
 
-__global__ void __launch_bounds__(kThreads + 32, 1) persistent_kernel(Chain c, int lookahead, int flags,
+__global__ void __launch_bounds__(kConsumers + 32, 1) persistent_kernel(Chain c, int lookahead, int flags,
                                                                        unsigned* count, unsigned* gen) {
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
@@ -264,14 +266,14 @@ __global__ void __launch_bounds__(kThreads + 32, 1) persistent_kernel(Chain c, i
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&full[s])));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&empty[s])), "r"(kThreads / 32));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(&empty[s])), "r"(kConsumers / 32));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     cur = 0;
   }
   __syncthreads();
-  if (threadIdx.x >= kThreads) {
-    if (threadIdx.x == kThreads && !(flags & kBarriersOnly)) produce(c, lookahead, ring, full, empty, &cur);
+  if (threadIdx.x >= kConsumers) {
+    if (threadIdx.x == kConsumers && !(flags & kBarriersOnly)) produce(c, lookahead, ring, full, empty, &cur);
     return;
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -291,7 +293,7 @@ __global__ void __launch_bounds__(kThreads + 32, 1) persistent_kernel(Chain c, i
       int prows;
       input_of(c, l, p, &yp, &prows);
       if (!(flags & kRingOnly)) {
-        for (int j = threadIdx.x; j < ph.rb; j += kThreads) xs[j] = static_cast<int8_t>((__ldcg(yp + j % prows) >> 5) ^ j);
+        for (int j = threadIdx.x; j < ph.rb; j += kConsumers) xs[j] = static_cast<int8_t>((__ldcg(yp + j % prows) >> 5) ^ j);
         consumers_sync();
       }
       int32_t* y = c.y[p] + static_cast<size_t>(l) * ph.rows;
@@ -300,7 +302,7 @@ __global__ void __launch_bounds__(kThreads + 32, 1) persistent_kernel(Chain c, i
         const unsigned s = used % kStages;
         bar_wait(&full[s], (used / kStages) & 1);
         const uint4* chunk = reinterpret_cast<const uint4*>(ring + s * kChunk);
-        for (int r = warp; r < k.n; r += kThreads / 32) {  // a warp a row
+        for (int r = warp; r < k.n && !(flags & kNoCompute); r += kConsumers / 32) {  // a warp a row
           int acc = 0;
           for (int j = lane; j < words; j += 32) acc += dot16(chunk[r * words + j], reinterpret_cast<const uint4*>(xs)[j]);
 #pragma unroll
@@ -446,7 +448,7 @@ void launch_persistent(const Setup& s, int lookahead, unsigned* sync, int flags 
   attr.val.cooperative = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(s.sms);
-  cfg.blockDim = dim3(kThreads + 32);
+  cfg.blockDim = dim3(kConsumers + 32);
   cfg.dynamicSmemBytes = kDynSmem;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
@@ -576,6 +578,7 @@ int main(int argc, char** argv) {
       {"p1", [&] { launch_persistent(s, 1, sync); }},
       {"pall", [&] { launch_persistent(s, -1, sync); }},
       {"ring_only", [&] { launch_persistent(s, -1, sync, kRingOnly); }, true},
+      {"ring_nocompute", [&] { launch_persistent(s, -1, sync, kRingOnly | kNoCompute); }, true},
       {"barriers_only", [&] { launch_persistent(s, -1, sync, kBarriersOnly); }, true}};
   CsvRows rows(a.csv, "chain_bench", prop.name);
   const std::string config = a.label + ", " + std::to_string(a.layers) + " layers, fixed work " +
