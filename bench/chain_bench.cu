@@ -3,18 +3,24 @@
 // GEMVs at their real byte sizes (q_a, wq_b, wo_a, wo_b, six experts' gate/up and down; int8
 // weights, dp4a against an int8 x formed from the previous GEMV's output) and, between them,
 // phases of fixed work that read no weights (hc, q_norm, attention, router and route, SwiGLU,
-// combine: every CTA spins a set time). Each form runs `--layers` layers with their own weights
-// (well beyond L2) and computes the same outputs, compared word for word:
-//   kernels   one kernel a phase, programmatic dependent launch, one CUDA graph (dsflash's form)
-//   pK        one cooperative kernel, a CTA a SM, the phases separated by grid barriers; each
-//             CTA streams its rows of every GEMV through a ring of shared-memory stages filled
-//             by bulk copies, and a GEMV's copies may start K phases before the phase itself:
-//             p0 (at its own start, before its barrier), p1 (one phase before), pall (any time:
-//             the ring runs ahead as far as it holds). The experts' weights are never copied
-//             before the layer's first expert phase starts (routing picks them).
+// combine: every CTA spins a set time, scaled by --spin-scale). Each form runs `--layers`
+// layers with their own weights (well beyond L2) and computes the same outputs, compared word
+// for word:
+//   kernels   one kernel a phase (a warp a row, 16-byte loads), programmatic dependent launch,
+//             one CUDA graph (dsflash's form); kernels_nopdl the same without PDL
+//   pK        one cooperative kernel, a CTA a SM, the phases separated by grid barriers; a
+//             producer warp streams the CTA's rows of every GEMV through a ring of 12 x 16 KB
+//             shared-memory stages by bulk copies, 16 consumer warps multiply them, and a GEMV's
+//             copies may start K phases before the phase itself: p0 (at its own start, before
+//             its barrier), p1 (one phase before), pall (any time: the ring runs ahead as far as
+//             it holds). The experts' weights are never copied before the layer's first expert
+//             phase starts (routing picks them).
+// Diagnostic forms (outputs not compared): the persistent kernel's ring without barriers
+// (ring_only; ring_nocompute: nothing multiplied) and its barriers without weights
+// (barriers_only). Then each GEMV kernel alone, in a chain of its own kind.
 // Reports each form's time a layer and the bytes-bound fraction (weight bytes over a plain
 // read of the same bytes at the measured streaming rate).
-//   chain_bench [--layers N] [--reps N] [--csv FILE] [--label TEXT]
+//   chain_bench [--layers N] [--reps N] [--spin-scale F] [--csv FILE] [--label TEXT]
 #include <cuda_runtime.h>
 
 #include <algorithm>
