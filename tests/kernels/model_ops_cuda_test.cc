@@ -424,7 +424,8 @@ TEST_F(ModelOpsCuda, RoutingAndSwigluMatchCpu) {
   }
   std::printf("route: %zu tokens, identical experts, weights within 4e-7 relative\n", routes);
   // The routed outputs summed per token in ascending expert order, from rows in route order.
-  // K <= 8 loads every row at once, larger K picks rows in turn: both against the definition.
+  // K = 6 (the released model's) through the kernel compiled for it, K <= 8 loads every row at
+  // once, larger K picks rows in turn: all against the definition.
   for (const int64_t K : {1, 6, 8, 9}) {
     const int64_t S = 3, D = 257;
     std::vector<int32_t> experts(static_cast<size_t>(S * K));
