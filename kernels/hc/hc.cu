@@ -494,12 +494,9 @@ Status post_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, 
       if (clustered && C <= 4 && D <= kThreads * cuda::kRowRegs) {  // one SM's load and store rate would bound it
         constexpr int kCtas = 8;
         const cuda::LaunchParams lc{dim3(static_cast<unsigned>(S * kCtas)), dim3(kThreads / kCtas), 0, st, kCtas};
-        if (C == 4) {
-          return cuda::launch(post_pre_norm_cluster_kernel<kThreads, kCtas, 4, true>, lc, x, res, post, comb, C, D, pre,
-                              norm_w, norm_eps, h, y);
-        }
-        return cuda::launch(post_pre_norm_cluster_kernel<kThreads, kCtas, 4, false>, lc, x, res, post, comb, C, D, pre,
-                            norm_w, norm_eps, h, y);
+        const auto kernel = C == 4 ? post_pre_norm_cluster_kernel<kThreads, kCtas, 4, true>
+                                   : post_pre_norm_cluster_kernel<kThreads, kCtas, 4, false>;
+        return cuda::launch(kernel, lc, x, res, post, comb, C, D, pre, norm_w, norm_eps, h, y);
       }
     }
     const cuda::LaunchParams lp{dim3(static_cast<unsigned>(S)), dim3(kThreads), 0, st};

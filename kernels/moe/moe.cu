@@ -152,67 +152,43 @@ __device__ __forceinline__ float routed_sum_serial(const float* __restrict__ y, 
 
 // routed_sum_serial for K <= kCombineMaxK: every row loaded at once (the loads do not depend on
 // the order), then added in ascending expert id through each row's rank among the ids, from
-// constant register indices: the same additions in the same order.
+// constant register indices: the same additions in the same order. kExact: K is kMaxK (the
+// combine compiled for the released model's top-k: no predicates, ~25 % of the code); I: the
+// index type (32 bits where the call's sizes allow).
 constexpr int kCombineMaxK = 8;
+constexpr int kReleasedTopK = 6;
 
-__device__ __forceinline__ float routed_sum_loaded(const float* __restrict__ y, const int32_t* __restrict__ e,
-                                                   int64_t t, int64_t K, int64_t D, int64_t d) {
-  int32_t id[kCombineMaxK];
-  float v[kCombineMaxK];
+template <int kMaxK, bool kExact, typename I>
+__device__ __forceinline__ float routed_sum_loaded(const float* __restrict__ y, const int32_t* __restrict__ e, I t,
+                                                   I K_, I D, I d) {
+  const I K = kExact ? I{kMaxK} : K_;
+  int32_t id[kMaxK];
+  float v[kMaxK];
 #pragma unroll
-  for (int k = 0; k < kCombineMaxK; ++k) {
+  for (int k = 0; k < kMaxK; ++k) {
     id[k] = k < K ? e[k] : 0;
     v[k] = k < K ? y[(t * K + k) * D + d] : 0.0f;
   }
-  int rank[kCombineMaxK];
+  int rank[kMaxK];
 #pragma unroll
-  for (int k = 0; k < kCombineMaxK; ++k) {
+  for (int k = 0; k < kMaxK; ++k) {
     rank[k] = 0;
 #pragma unroll
-    for (int j = 0; j < kCombineMaxK; ++j) rank[k] += j < K && id[j] < id[k] ? 1 : 0;
+    for (int j = 0; j < kMaxK; ++j) rank[k] += j < K && id[j] < id[k] ? 1 : 0;
   }
   float acc = 0.0f;
 #pragma unroll
-  for (int r = 0; r < kCombineMaxK; ++r) {
+  for (int r = 0; r < kMaxK; ++r) {
     if (r >= K) break;
     float pick = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kCombineMaxK; ++k) pick = k < K && rank[k] == r ? v[k] : pick;
+    for (int k = 0; k < kMaxK; ++k) pick = k < K && rank[k] == r ? v[k] : pick;
     acc = __fadd_rn(acc, pick);
   }
   return acc;
 }
 
-// routed_sum_loaded for exactly kK rows (the released model's 6, no predicates): the same
-// loads, ranks and additions in the same order.
-template <int kK>
-__device__ __forceinline__ float routed_sum_exact(const float* __restrict__ y, const int32_t* __restrict__ e, int t,
-                                                  int D, int d) {
-  int32_t id[kK];
-  float v[kK];
-#pragma unroll
-  for (int k = 0; k < kK; ++k) {
-    id[k] = e[k];
-    v[k] = y[(t * kK + k) * D + d];
-  }
-  float acc = 0.0f;
-#pragma unroll
-  for (int r = 0; r < kK; ++r) {
-    float pick = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kK; ++k) {
-      int rank = 0;
-#pragma unroll
-      for (int j = 0; j < kK; ++j) rank += id[j] < id[k] ? 1 : 0;
-      pick = rank == r ? v[k] : pick;
-    }
-    acc = __fadd_rn(acc, pick);
-  }
-  return acc;
-}
-
-// combine_routed_kernel for exactly kK routed rows and S * K * D below 2^31 (32-bit indices):
-// ~40 % of its code, which every CTA fetches cold once a layer.
+// combine_routed_kernel for exactly kK routed rows and S * K * D below 2^31 (32-bit indices).
 template <int kK>
 __global__ void combine_routed_exact_kernel(const float* __restrict__ y, const int32_t* __restrict__ experts,
                                             const float* __restrict__ shared, int S, int D, float* __restrict__ out) {
@@ -221,7 +197,7 @@ __global__ void combine_routed_exact_kernel(const float* __restrict__ y, const i
   if (i >= S * D) return;
   const int t = i / D, d = i - t * D;
   const float sh = shared[i];
-  out[i] = cuda::round_bf16(__fadd_rn(routed_sum_exact<kK>(y, experts + t * kK, t, D, d), sh));
+  out[i] = cuda::round_bf16(__fadd_rn(routed_sum_loaded<kK, true>(y, experts + t * kK, t, kK, D, d), sh));
 }
 
 __global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t* __restrict__ experts,
@@ -232,7 +208,7 @@ __global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t
   if (i >= S * D) return;
   const int64_t t = i / D, d = i % D;
   const float sh = shared[i];
-  const float acc = loaded ? routed_sum_loaded(y, experts + t * K, t, K, D, d)
+  const float acc = loaded ? routed_sum_loaded<kCombineMaxK, false>(y, experts + t * K, t, K, D, d)
                            : routed_sum_serial(y, experts + t * K, t, K, D, d);
   out[i] = cuda::round_bf16(__fadd_rn(acc, sh));
 }
@@ -254,9 +230,9 @@ Status combine_routed_cuda(const ExecCtx& ctx, const float* y, const int32_t* ex
                            int64_t K, int64_t D, float* out) {
   if (S <= 0 || D <= 0) return absl::OkStatus();
   static const bool serial = cuda::env_int("DSF_COMBINE_SERIAL", 0) != 0;  // measurement
-  if (K == 6 && !serial && S * K * D < (int64_t{1} << 31)) {
-    return cuda::launch(combine_routed_exact_kernel<6>, flat(ctx, S * D), y, experts, shared, static_cast<int>(S),
-                        static_cast<int>(D), out);
+  if (K == kReleasedTopK && !serial && S * K * D < (int64_t{1} << 31)) {
+    return cuda::launch(combine_routed_exact_kernel<kReleasedTopK>, flat(ctx, S * D), y, experts, shared,
+                        static_cast<int>(S), static_cast<int>(D), out);
   }
   const bool loaded = K <= kCombineMaxK && !serial;
   return cuda::launch(combine_routed_kernel, flat(ctx, S * D), y, experts, shared, S, K, D, loaded, out);
