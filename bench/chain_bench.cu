@@ -33,17 +33,12 @@
 #include <vector>
 
 #include "bench/bench_csv.h"
+#include "bench/bench_cuda.cuh"
 
 namespace {
 
-#define CHECK(call)                                                                    \
-  do {                                                                                 \
-    const cudaError_t e_ = (call);                                                     \
-    if (e_ != cudaSuccess) {                                                           \
-      std::fprintf(stderr, "chain_bench: %s: %s\n", #call, cudaGetErrorString(e_));   \
-      std::exit(1);                                                                    \
-    }                                                                                  \
-  } while (0)
+using bench::delay_kernel;
+using bench::median;
 
 constexpr int kMaxPhases = 16;
 constexpr int kThreads = 256;    // the kernels form's CTAs
@@ -346,17 +341,6 @@ __global__ void fill_kernel(uint32_t* p, size_t n, uint32_t seed) {
   }
 }
 
-__global__ void delay_kernel(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
-
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // The perf preset's layer (docs/cuda-backend.md "Where a step goes"): GEMV bytes as Q4_K (dense)
 // and Q2_K / Q3_K (experts) rows; fixed work between them scaled by `spin_scale`.

@@ -17,17 +17,12 @@
 #include <vector>
 
 #include "bench/bench_csv.h"
+#include "bench/bench_cuda.cuh"
 
 namespace {
 
-#define CHECK(call)                                                                       \
-  do {                                                                                    \
-    const cudaError_t e_ = (call);                                                        \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "icache_bench: %s: %s\n", #call, cudaGetErrorString(e_));     \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+using bench::delay_kernel;
+using bench::median;
 
 // kOps FMAs in 8 chains, fully unrolled: kOps instructions of straight-line code. kSalt makes
 // distinct copies of the same size (their constants differ).
@@ -45,14 +40,6 @@ __global__ void __launch_bounds__(128) straight_kernel(float* out, float a, floa
 #pragma unroll
   for (int c = 0; c < 8; ++c) s += v[c];
   if (s == 1234.5f) out[threadIdx.x] = s;  // keeps the chains alive; never true for these inputs
-}
-
-// Spins ~20 us on one thread: queued before a timed launch, so that the launch is on the GPU's
-// queue when its start event fires and the time is the kernel's, not the host's launch latency.
-__global__ void delay_kernel(long long cycles) {
-  const long long t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
 }
 
 using Kernel = void (*)(float*, float, float);
@@ -75,11 +62,6 @@ struct Timer {
     return ms * 1000.0f;  // us
   }
 };
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Size {
   int ops;
