@@ -3,6 +3,7 @@
 // (the MoE sub-layer: device_moe.cc).
 #include "inference_svc/model/device_model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -115,6 +116,32 @@ StatusOr<kernels::Weight> DeviceModel::upload(const kernels::Weight& w) {
   return d;
 }
 
+StatusOr<kernels::Weight> DeviceModel::upload_experts(const kernels::Weight& w) {
+  const int64_t rows_per_expert = w.rows / std::max<int64_t>(1, cfg_.n_expert);
+  if (expert_act_q8_ || !kernels::tiles_apply(w) || rows_per_expert % 16 != 0) return upload(w);
+  const size_t bytes = static_cast<size_t>(w.rows) * w.row_bytes;
+  ASSIGN_OR_RETURN(void* p, kernels::device_alloc(load_ctx_, bytes));
+  owned_.push_back(p);
+  // Whole tiles (16 rows) at a time through a scratch buffer of up to 64 MB: a tile's bytes
+  // land where its rows' bytes were, so each chunk is reordered into its own place.
+  const int64_t tile_bytes = 16 * static_cast<int64_t>(w.row_bytes);
+  const int64_t chunk_rows = 16 * std::clamp<int64_t>((int64_t{64} << 20) / tile_bytes, 1, w.rows / 16);
+  ASSIGN_OR_RETURN(void* scratch, kernels::device_alloc(load_ctx_, static_cast<size_t>(chunk_rows) * w.row_bytes));
+  Status s;
+  for (int64_t r = 0; r < w.rows && s.ok(); r += chunk_rows) {
+    kernels::Weight part = w.slice_rows(r, std::min(chunk_rows, w.rows - r));
+    s = kernels::copy(load_ctx_, Copy::kHostToDevice, scratch, part.data, static_cast<size_t>(part.rows) * w.row_bytes);
+    part.data = static_cast<const uint8_t*>(scratch);
+    if (s.ok()) s = kernels::to_tiles_cuda(load_ctx_, part, static_cast<uint8_t*>(p) + r * w.row_bytes);
+  }
+  kernels::device_free(load_ctx_, scratch);  // stream-ordered: after the last reorder
+  RETURN_IF_ERROR(s);
+  kernels::Weight d = w;
+  d.data = static_cast<const uint8_t*>(p);
+  d.layout = kernels::WeightLayout::kTiles16;
+  return d;
+}
+
 Status DeviceModel::upload_layer(const gguf::Model& file, int l) {
   ASSIGN_OR_RETURN(const LayerWeights w, load_layer(file, cfg_, l));
   Layer& d = layers_[l];
@@ -151,7 +178,7 @@ Status DeviceModel::upload_layer(const gguf::Model& file, int l) {
     const gguf::TensorInfo* t = file.find_tensor(p + name);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("missing tensor ", p, name));
     ASSIGN_OR_RETURN(const kernels::Weight host, kernels::weight_view(file, *t));
-    ASSIGN_OR_RETURN(*dst, upload(host));
+    ASSIGN_OR_RETURN(*dst, upload_experts(host));
   }
   return absl::OkStatus();
 }

@@ -227,6 +227,10 @@ class DeviceModel {
   DeviceModel() = default;
   StatusOr<float*> upload(const std::vector<float>& v);
   StatusOr<kernels::Weight> upload(const kernels::Weight& w);
+  // A routed experts' tensor (n_expert matrices, merged rows): in the tile layout where every
+  // kernel that reads it takes tiles (kernels::tiles_apply, whole tiles an expert, GGUF-order
+  // activations), else as upload.
+  StatusOr<kernels::Weight> upload_experts(const kernels::Weight& w);
   Status upload_layer(const gguf::Model& file, int l);
   // The pass from token ids (device) to logits (device, rows first..S-1 of `out`).
   Status pass(Call& call, const int64_t* ids, bool all_logits, float* out) const;

@@ -99,6 +99,7 @@ __device__ __forceinline__ void mins_mma(int (&lo)[4], int (&hi)[4], uint32_t am
 // Q4_K: lane t takes columns 32s + 8t .. 8t + 7 of sub-block s (as Q4KBlock in gemv_mma.cu).
 struct Q4KGemm {
   static constexpr int kBytes = 144, kSub = 32;
+  static constexpr bool kTiled = false;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const int8_t* bq,
                                              const uint32_t (*bm)[kMinsWords], const float (*bs)[4], const PairLane& ln,
                                              float (&acc)[kPairs][2]) {
@@ -133,16 +134,23 @@ struct Q4KGemm {
 };
 
 // Q2_K: lane t takes columns 128n + 32j + 8t .. 8t + 7 (one sub-block's codes, its 4-bit scale
-// folded in; as Q2KBlock in gemv_mma.cu).
+// folded in; as Q2KBlock in gemv_mma.cu). kTiled: ba is a (tile, block) of the tile layout.
+template <bool kTiled_>
 struct Q2KGemm {
-  static constexpr int kBytes = 84, kSub = 16;
+  static constexpr bool kTiled = kTiled_;
+  static constexpr int kBytes = kTiled ? tiles::kQ2KTile : tiles::kQ2KBlock, kSub = 16;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const int8_t* bq,
                                              const uint32_t (*bm)[kMinsWords], const float (*bs)[4], const PairLane& ln,
                                              float (&acc)[kPairs][2]) {
-    const Q2KRows rows(ba, bb, ln.t);
+    const Q2KRows rows = Q2KRows::load<kTiled>(ba, bb, ln.g, ln.t);
     uint32_t sca[4], scb[4];
-    Q2KRows::scale_words(ba, sca);
-    Q2KRows::scale_words(bb, scb);
+    if constexpr (kTiled) {  // from the quad's lanes
+#pragma unroll
+      for (int k = 0; k < 4; ++k) sca[k] = rows.scale_word(0, k), scb[k] = rows.scale_word(1, k);
+    } else {
+      Q2KRows::scale_words(ba, sca);
+      Q2KRows::scale_words(bb, scb);
+    }
     uint32_t a[8][4];  // A of mma (n, j)
 #pragma unroll
     for (int i = 0; i < 8; ++i) rows.a(i / 4, i % 4, sca, scb, a[i]);
@@ -166,13 +174,22 @@ struct Q2KGemm {
 
 // Q3_K: the unsigned scale u = 8 uh + ul folded into the codes in two parts and the codes alone
 // for the -32 (three mmas a 32-column step), the -4 from the sub-block sums (as Q3KBlock in
-// gemv_mma.cu).
+// gemv_mma.cu). kTiled: ba is a (tile, block) of the tile layout.
+template <bool kTiled_>
 struct Q3KGemm {
-  static constexpr int kBytes = 110, kSub = 16;
+  static constexpr bool kTiled = kTiled_;
+  static constexpr int kBytes = kTiled ? tiles::kQ3KTile : tiles::kQ3KBlock, kSub = 16;
+  __device__ __forceinline__ static Q3KRow row(const uint8_t* blk, int r, int t) {
+    if constexpr (kTiled) {
+      return Q3KRow(Q3KTileView{blk, r}, t);
+    } else {
+      return Q3KRow(GgufBlockView{blk}, t);
+    }
+  }
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const int8_t* bq,
                                              const uint32_t (*bm)[kMinsWords], const float (*bs)[4], const PairLane& ln,
                                              float (&acc)[kPairs][2]) {
-    const Q3KRow ra(ba, ln.t), rb(bb, ln.t);
+    const Q3KRow ra = row(ba, ln.g, ln.t), rb = row(bb, ln.g + 8, ln.t);
     uint32_t c[8][4];  // codes of step (n, j): row a k = 4t.., row b, row a k = 16 + 4t.., row b
     uint32_t sh[8], sl[8];  // the step's scale parts, rows a (bytes 0) and b (byte 1)
 #pragma unroll
@@ -257,8 +274,9 @@ __global__ void __launch_bounds__(kWarpsG * 32) gemm_mma_kernel(const LinearPara
   const PairLane ln{lane >> 2, t, (t & 1) ? 0x1p-14f : 1.0f, (t & 1) ? 0x1p-21f : 0x1p-7f};
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kRowsG + warp * 16, tok0 = static_cast<int64_t>(blockIdx.x) * kToksG;
   const int n_t = static_cast<int>(min(static_cast<int64_t>(kToksG), n_tok - tok0));
-  const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
-  const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
+  // Tiles: rows r0 .. r0 + 15's (tile, block)s start where row r0 does (both pointers).
+  const uint8_t* row_a = p.w + (Blk::kTiled ? r0 : min(r0 + ln.g, p.rows - 1)) * p.row_bytes;
+  const uint8_t* row_b = Blk::kTiled ? row_a : p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc[kPairs][2] = {};
   stage_block(stages[0], xs, tok0, n_t, 0);
   copies_commit();
@@ -339,6 +357,9 @@ bool gemm_mma_applies(GgmlType type, const LinearParams& p) {
   if (!gemm_mma_on() || p.cols % 256 != 0 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0) return false;
   if ((p.rows + kRowsG - 1) / kRowsG > 65535) return false;
   const uintptr_t w = reinterpret_cast<uintptr_t>(p.w);
+  if (p.tiles) {
+    return (type == GgmlType::kQ2_K || type == GgmlType::kQ3_K) && w % 16 == 0 && p.rows % tiles::kRows == 0;
+  }
   switch (type) {
     case GgmlType::kQ4_K: return w % 16 == 0 && p.row_bytes % 16 == 0;
     case GgmlType::kQ2_K: return w % 4 == 0 && p.row_bytes % 4 == 0;
@@ -355,8 +376,8 @@ Status launch_gemm_mma(const ExecCtx& ctx, GgmlType type, const LinearParams& p)
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   switch (type) {
     case GgmlType::kQ4_K: return run_gemm_mma<Q4KGemm>(p, st);
-    case GgmlType::kQ2_K: return run_gemm_mma<Q2KGemm>(p, st);
-    default: return run_gemm_mma<Q3KGemm>(p, st);
+    case GgmlType::kQ2_K: return p.tiles ? run_gemm_mma<Q2KGemm<true>>(p, st) : run_gemm_mma<Q2KGemm<false>>(p, st);
+    default: return p.tiles ? run_gemm_mma<Q3KGemm<true>>(p, st) : run_gemm_mma<Q3KGemm<false>>(p, st);
   }
 }
 

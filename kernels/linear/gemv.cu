@@ -8,6 +8,7 @@
 #include "kernels/cuda/ggml_blocks.cuh"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
+#include "kernels/linear/tiles.h"
 
 namespace dsflash::kernels {
 namespace {
@@ -439,6 +440,7 @@ bool decode_gemv_applies(GgmlType type, const LinearParams* p, int n) {
   const uintptr_t w_align = type == GgmlType::kQ4_K ? 16 : 2;
   for (int i = 0; i < n; ++i) {
     const LinearParams& q = p[i];
+    if (q.tiles) return false;  // the fp32 GEMVs read the GGUF order only
     if (q.n_tok != 1 || q.rows != p[0].rows || q.cols != p[0].cols || q.row_bytes != p[0].row_bytes) return false;
     if (reinterpret_cast<uintptr_t>(q.w) % w_align != 0 || q.row_bytes % static_cast<int64_t>(w_align) != 0) return false;
     if (reinterpret_cast<uintptr_t>(q.x) % 16 != 0) return false;
@@ -499,11 +501,13 @@ Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, O
 namespace {
 
 // Whether the tensor-core expert GEMV can take n products of w (whatever their size): Q2_K
-// reads words (blocks 4-byte aligned), Q3_K half-words; one launch holds kMaxGemvBatch.
+// reads words (blocks 4-byte aligned), Q3_K half-words, tiles 16 bytes (and whole tiles of
+// rows); one launch holds kMaxGemvBatch.
 bool experts_mma_fits(const Weight& w, int64_t expert_bytes, int n) {
-  const uintptr_t a = w.type == GgmlType::kQ2_K ? 4 : w.type == GgmlType::kQ3_K ? 2 : 0;
+  const bool tiled = w.layout == WeightLayout::kTiles16;
+  const uintptr_t a = w.type != GgmlType::kQ2_K && w.type != GgmlType::kQ3_K ? 0 : tiled ? 16 : w.type == GgmlType::kQ2_K ? 4 : 2;
   return a != 0 && reinterpret_cast<uintptr_t>(w.data) % a == 0 && expert_bytes % static_cast<int64_t>(a) == 0 &&
-         n <= kMaxGemvBatch;
+         n <= kMaxGemvBatch && (!tiled || w.rows % tiles::kRows == 0);
 }
 
 // linear_experts_cuda; mma: 0 the fp32 kernels, 1 the tensor cores where they pay
@@ -513,6 +517,14 @@ Status experts_gemv(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, c
   if (n <= 0) return absl::OkStatus();
   const quant::TypeTraits& t = quant::traits(w.type);
   ExpertBatch b{params_of(w, x, y, 1, round), ids, expert_bytes, x_stride, y_stride};
+  if (w.layout == WeightLayout::kTiles16) {  // the tensor-core GEMV is the one reader of tiles
+    if (!experts_mma_fits(w, expert_bytes, n) || !mma_columns_fit(w.cols) || reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
+        x_stride % 4 != 0) {
+      return absl::UnimplementedError(absl::StrCat("linear_experts_cuda: no GEMV reads ", t.name, " tiles of ", w.rows,
+                                                   " x ", w.cols, " at this alignment"));
+    }
+    return launch_experts_mma(ctx, w.type, b.p, ids, expert_bytes, n, x_stride, y_stride);
+  }
   const uintptr_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;
   if (!decode_gemv_applies(w.type, &b.p, 1) || expert_bytes % static_cast<int64_t>(w_align) != 0 || x_stride % 4 != 0) {
     return absl::UnimplementedError(absl::StrCat("linear_experts_cuda: no decode GEMV for ", t.name, " at this alignment"));
@@ -561,6 +573,7 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
 }
 
 bool linear_experts_supported(const Weight& w, int64_t expert_bytes) {
+  if (w.layout == WeightLayout::kTiles16) return experts_mma_fits(w, expert_bytes, 1) && mma_columns_fit(w.cols);
   const LinearParams p = params_of(w, nullptr, nullptr, 1, OutRound::kF32);
   const int64_t w_align = w.type == GgmlType::kQ4_K ? 16 : 2;
   return decode_gemv_applies(w.type, &p, 1) && expert_bytes % w_align == 0;
@@ -577,6 +590,7 @@ Status quantize_act_q8_cuda(const ExecCtx& ctx, const float* x, int64_t cols, in
 }
 
 bool linear_experts_q8_supported(const Weight& w, int64_t expert_bytes) {
+  if (w.layout != WeightLayout::kGguf) return false;  // the dp4a GEMVs read the GGUF order only
   return (w.type == GgmlType::kQ2_K || w.type == GgmlType::kQ3_K) && linear_experts_supported(w, expert_bytes);
 }
 

@@ -133,7 +133,9 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
   const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
   const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
   float acc_a = 0.0f, acc_b = 0.0f;
-  const uint8_t *ba = row_a + slice * Block::kBytes, *bb = row_b + slice * Block::kBytes;
+  // Tiles (Block::kTiled): the (tile, block)s of rows r0 .. r0 + 15 start where row r0 does.
+  const uint8_t* ba = (Block::kTiled ? p.w + r0 * p.row_bytes : row_a) + slice * Block::kBytes;
+  const uint8_t* bb = (Block::kTiled ? ba : row_b + slice * Block::kBytes);
   for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
     Block::add(ba, bb, x, blk, ln, &acc_a, &acc_b);
     ba += kSlices * Block::kBytes, bb += kSlices * Block::kBytes;
@@ -171,6 +173,7 @@ __device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& 
 // same columns' digit g as B. The 6-bit scales are applied to each sub-block's int32 result.
 struct Q4KBlock {
   static constexpr int kBytes = 144, kSub = 32;
+  static constexpr bool kTiled = false;
   using Header = Q4KHeader;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
@@ -210,12 +213,14 @@ struct Q4KBlock {
 // so its 4-bit scale is folded into A (a packed multiply: code x scale <= 45, no byte carries)
 // and one int32 result gathers the whole block. The odd bit pairs' codes stay where they lie
 // in their bytes (4 x, up to 180: unsigned A), a shift fewer a word, into a second sum
-// (Q2KRows::a_pair).
+// (Q2KRows::a_pair). kTiled: the weight in the tile layout (tiles.h), ba a (tile, block).
+template <bool kTiled_>
 struct Q2KBlock {
-  static constexpr int kBytes = 84, kSub = 16;
+  static constexpr bool kTiled = kTiled_;
+  static constexpr int kBytes = kTiled ? tiles::kQ2KTile : tiles::kQ2KBlock, kSub = 16;
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    const Q2KRows rows(ba, bb, ln.t);
+    const Q2KRows rows = Q2KRows::load<kTiled>(ba, bb, ln.g, ln.t);
     int v[4] = {0, 0, 0, 0}, v4[4] = {0, 0, 0, 0};  // v4: the odd bit pairs' sums, 4 x theirs
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -292,22 +297,48 @@ __device__ __forceinline__ void add_by_alignment(const uint8_t* ba, const uint8_
 // three m16n8k32 a 32 columns, 24 + 1; the same int32 sums, so bit for bit the same products):
 // H200, perf preset pooled, graph step 6.94 / 6.99 against 7.00 / 7.01 ms (two interleaved
 // rounds).
+template <bool kTiled_>
 struct Q3KBlock {
-  static constexpr int kBytes = 110, kSub = 16;
-  template <bool kAligned>
+  static constexpr bool kTiled = kTiled_;
+  static constexpr int kBytes = kTiled ? tiles::kQ3KTile : tiles::kQ3KBlock, kSub = 16;
   struct Row {
-    // Lane t loads and forms scale word t; the quad shares them.
-    __device__ __forceinline__ Row(const uint8_t* blk, int t) {
-      const uint32_t own = Q3KRow::scale_word<kAligned>(blk, t);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) u[k] = __shfl_sync(0xffffffffu, own, k, 4);
+    // From the GGUF order (kAligned: word loads, else half-word pairs).
+    template <bool kAligned>
+    __device__ __forceinline__ static Row load(const uint8_t* blk, int t) {
+      Row r;
+      r.share_scales(Q3KRow::word_at<kAligned>(blk + 96 + 4 * (t & 1)), Q3KRow::word_at<kAligned>(blk + 104), t);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        hm[h] = Q3KRow::word_at<kAligned>(blk + 16 * h + 4 * t);
+        r.hm[h] = Q3KRow::word_at<kAligned>(blk + 16 * h + 4 * t);
 #pragma unroll
-        for (int n = 0; n < 2; ++n) qs[n][h] = Q3KRow::word_at<kAligned>(blk + 32 + 32 * n + 16 * h + 4 * t);
+        for (int n = 0; n < 2; ++n) r.qs[n][h] = Q3KRow::word_at<kAligned>(blk + 32 + 32 * n + 16 * h + 4 * t);
       }
-      d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
+      r.d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
+      return r;
+    }
+    // Rows g (a) and g + 8 (b) from a (tile, block) (tiles.h): five loads a lane for both.
+    __device__ __forceinline__ static void from_tile(const uint8_t* tile, int g, int t, Row& a, Row& b) {
+      const int lane = 4 * g + t;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const uint4 c = *reinterpret_cast<const uint4*>(tile + 512 * n + 16 * lane);
+        a.qs[n][0] = c.x, b.qs[n][0] = c.y, a.qs[n][1] = c.z, b.qs[n][1] = c.w;
+      }
+      const uint4 h = *reinterpret_cast<const uint4*>(tile + 1024 + 16 * lane);
+      a.hm[0] = h.x, b.hm[0] = h.y, a.hm[1] = h.z, b.hm[1] = h.w;
+      const uint2 lo = *reinterpret_cast<const uint2*>(tile + 1536 + 64 * (t & 1) + 8 * g);
+      const uint2 hi = *reinterpret_cast<const uint2*>(tile + 1664 + 8 * g);
+      const uint32_t dd = *reinterpret_cast<const uint32_t*>(tile + 1728 + 4 * g);
+      a.share_scales(lo.x, hi.x, t);
+      b.share_scales(lo.y, hi.y, t);
+      a.d = half_lo(dd), b.d = half_hi(dd);
+    }
+    // Lane t forms scale word t from the scale bytes' words lo (96 + 4 (t & 1)) and hi (104);
+    // the quad shares them.
+    __device__ __forceinline__ void share_scales(uint32_t lo, uint32_t hi, int t) {
+      const uint32_t own = Q3KRow::scale_of(lo, hi, t);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) u[k] = __shfl_sync(0xffffffffu, own, k, 4);
     }
     // The codes of bit pair j, 4^e times (e = min(j, 2)): the qs bits masked where they lie
     // (j = 3: shifted down once), the hmask bit moved to just above them; at most 7 x 16.
@@ -326,10 +357,8 @@ struct Q3KBlock {
     uint32_t u[4], qs[2][2], hm[2];
     float d;
   };
-  template <bool kAligned>
-  __device__ __forceinline__ static void add_rows(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+  __device__ __forceinline__ static void add_pair(const Row& ra, const Row& rb, const XDigits& x, int64_t xblk,
                                                   const Lane& ln, float* acc_a, float* acc_b) {
-    const Row<kAligned> ra(ba, ln.t), rb(bb, ln.t);
     int v[4];
     k16_subblocks(ra, rb, x, xblk, ln, v);
     // The -4 offset: (u_s - 32) times the digits' sub-block sums, on one more mma (A row r's
@@ -341,11 +370,22 @@ struct Q3KBlock {
     *acc_a += S * ra.d * (0.0625f * ln.digits(v[0], v[1]) - 4.0f * ln.mins(g[0], g[1]));  // v: 16 x (Row::scale)
     *acc_b += S * rb.d * (0.0625f * ln.digits(v[2], v[3]) - 4.0f * ln.mins(g[2], g[3]));
   }
-  // Word loads on 4-byte aligned blocks (even ones, in rows of 4-byte aligned length), else
-  // half-word pairs (add_by_alignment).
+  template <bool kAligned>
+  __device__ __forceinline__ static void add_rows(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                                  const Lane& ln, float* acc_a, float* acc_b) {
+    add_pair(Row::template load<kAligned>(ba, ln.t), Row::template load<kAligned>(bb, ln.t), x, xblk, ln, acc_a, acc_b);
+  }
+  // Tiles: ba is the (tile, block). GGUF order: word loads on 4-byte aligned blocks (even ones,
+  // in rows of 4-byte aligned length), else half-word pairs (add_by_alignment).
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    add_by_alignment<Q3KBlock>(ba, bb, x, xblk, ln, acc_a, acc_b);
+    if constexpr (kTiled) {
+      Row ra, rb;
+      Row::from_tile(ba, ln.g, ln.t, ra, rb);
+      add_pair(ra, rb, x, xblk, ln, acc_a, acc_b);
+    } else {
+      add_by_alignment<Q3KBlock>(ba, bb, x, xblk, ln, acc_a, acc_b);
+    }
   }
 };
 
@@ -357,6 +397,7 @@ struct Q3KBlock {
 // No mins: the -32 is in the codes.
 struct Q6KBlock {
   static constexpr int kBytes = 210, kSub = 0;
+  static constexpr bool kTiled = false;
   // A row's words lane t multiplies, every one loaded before any is used (12 of codes, 4 of
   // scales and d): half h of 128-column half n has ql for j = 0, 2 (ql[n][h][0]) and j = 1, 3
   // (ql[n][h][1]) and qh[n][h].
@@ -619,6 +660,8 @@ Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearPa
   return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
 }
 
+bool mma_columns_fit(int64_t cols) { return cols > 0 && cols % 256 == 0 && cols / 256 <= kMaxMmaBlocks; }
+
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n) {
   return (type == quant::GgmlType::kQ2_K || type == quant::GgmlType::kQ3_K) && mma_pays(rows, cols, n);
 }
@@ -634,12 +677,17 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
   static const bool narrow = env_int("DSF_EXPERT_WARPS", kExpertWarps) == kWarps;
   static const int max_slices = slices_cap("DSF_EXPERT_SLICES");
-  if (type == quant::GgmlType::kQ3_K) {
-    if (narrow) return launch_experts<Q3KBlock, kWarps>(b, p.rows, products, max_slices, st);
-    return launch_experts<Q3KBlock, kExpertWarps>(b, p.rows, products, max_slices, st);
+  if (p.tiles && p.rows % tiles::kRows != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("launch_experts_mma: tiles of ", p.rows, " rows"));
   }
-  if (narrow) return launch_experts<Q2KBlock, kWarps>(b, p.rows, products, max_slices, st);
-  return launch_experts<Q2KBlock, kExpertWarps>(b, p.rows, products, max_slices, st);
+  const auto run = [&]<class Block>() {
+    if (narrow) return launch_experts<Block, kWarps>(b, p.rows, products, max_slices, st);
+    return launch_experts<Block, kExpertWarps>(b, p.rows, products, max_slices, st);
+  };
+  if (type == quant::GgmlType::kQ3_K) {
+    return p.tiles ? run.template operator()<Q3KBlock<true>>() : run.template operator()<Q3KBlock<false>>();
+  }
+  return p.tiles ? run.template operator()<Q2KBlock<true>>() : run.template operator()<Q2KBlock<false>>();
 }
 
 }  // namespace dsflash::kernels

@@ -6,11 +6,14 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/ggml_blocks.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/linear/linear_cuda.h"
 #include "kernels/linear/linear_params.cuh"
+#include "kernels/linear/tiles.h"
 
 namespace dsflash::kernels {
 namespace {
@@ -451,7 +454,46 @@ Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
 
 
 
+// GGUF rows (src) into the tile order (dst, tiles.h): a 2-byte unit a thread, over every
+// (tile, block) of `rows` rows.
+__global__ void __launch_bounds__(256) to_tiles_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst,
+                                                        int64_t rows, int64_t blocks, int block_bytes) {
+  const int tile = tiles::tile_bytes(block_bytes), units = tile / 2, row_units = block_bytes / 2;
+  const int64_t row_bytes = blocks * block_bytes, total = rows / tiles::kRows * blocks * units;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t pair = i / units;  // (tile, block) = (pair / blocks, pair % blocks)
+    const int u = static_cast<int>(i % units), r = u / row_units, o = 2 * (u % row_units);
+    const int64_t t = pair / blocks, b = pair % blocks;
+    const uint16_t v = *reinterpret_cast<const uint16_t*>(src + (t * tiles::kRows + r) * row_bytes + b * block_bytes + o);
+    *reinterpret_cast<uint16_t*>(dst + pair * tile + tiles::tile_byte(block_bytes, r, o)) = v;
+  }
+}
+
 }  // namespace
+
+bool tiles_apply(const Weight& w) {
+  static const bool on = cuda::env_int("DSF_WEIGHT_TILES", 1) != 0 && cuda::env_int("DSF_GEMV_MMA", 2) == 2 &&
+                         cuda::env_int("DSF_GEMM_MMA", 1) != 0;
+  return on && (w.type == GgmlType::kQ2_K || w.type == GgmlType::kQ3_K) && w.layout == WeightLayout::kGguf &&
+         w.rows > 0 && w.rows % tiles::kRows == 0 && mma_columns_fit(w.cols);
+}
+
+Status to_tiles_cuda(const ExecCtx& ctx, const Weight& w, uint8_t* dst) {
+  if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("to_tiles_cuda needs a CUDA context");
+  const quant::TypeTraits& t = quant::traits(w.type);
+  if ((w.type != GgmlType::kQ2_K && w.type != GgmlType::kQ3_K) || w.layout != WeightLayout::kGguf ||
+      w.rows % tiles::kRows != 0 || w.cols % 256 != 0 || reinterpret_cast<uintptr_t>(w.data) % 2 != 0 ||
+      reinterpret_cast<uintptr_t>(dst) % 16 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("to_tiles_cuda: no tile layout for ", t.name, " rows of ", w.rows,
+                                                   " x ", w.cols, " at this alignment"));
+  }
+  if (w.rows == 0) return absl::OkStatus();
+  const int64_t blocks = w.cols / 256, units = w.rows * static_cast<int64_t>(w.row_bytes) / 2;
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 8 * cuda::sm_count()));
+  return cuda::launch(to_tiles_kernel, cuda::LaunchParams{dim3(grid), dim3(256), 0, static_cast<cudaStream_t>(ctx.cuda_stream)},
+                      w.data, dst, w.rows, blocks, static_cast<int>(t.block_bytes));
+}
 
 Status linear_gemm_mma_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y,
                             OutRound round) {
@@ -468,6 +510,11 @@ Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t 
     return absl::InvalidArgumentError(absl::StrCat("linear_cuda: ", w.cols, " columns are not whole ", t.name, " blocks"));
   }
   const LinearParams p = params_of(w, x, y, n_tok, round);
+  if (p.tiles) {  // the tensor-core GEMM reads tiles at any token count
+    if (gemm_mma_applies(w.type, p)) return launch_gemm_mma(ctx, w.type, p);
+    return absl::UnimplementedError(absl::StrCat("linear_cuda: no kernel reads ", t.name, " tiles of ", w.rows, " x ",
+                                                 w.cols, " at this alignment (or DSF_GEMM_MMA=0)"));
+  }
   if (decode_gemv_applies(w.type, &p, 1)) return launch_decode_gemv(ctx, w.type, &p, 1);
   switch (w.type) {
     case GgmlType::kF32: return launch_linear<GgmlType::kF32>(ctx, p);

@@ -12,6 +12,10 @@
 
 namespace dsflash::kernels {
 
+// How a weight's bytes are ordered: as the GGUF file's rows, or (on the device only, Q2_K and
+// Q3_K, rows a multiple of 16) in the tiles of linear/tiles.h that the tensor-core GEMVs read.
+enum class WeightLayout : uint8_t { kGguf, kTiles16 };
+
 // A 2-D view of weight rows: `rows` rows of `cols` values each (ggml ne[0] = cols).
 struct Weight {
   quant::GgmlType type = quant::GgmlType::kF32;
@@ -19,8 +23,10 @@ struct Weight {
   int64_t rows = 0;
   const uint8_t* data = nullptr;  // rows * row_bytes bytes
   uint64_t row_bytes = 0;
+  WeightLayout layout = WeightLayout::kGguf;
 
-  // Rows [first, first + n) as their own Weight (expert slices, grouped projections).
+  // Rows [first, first + n) as their own Weight (expert slices, grouped projections); for
+  // kTiles16, whole tiles (first and n multiples of 16).
   Weight slice_rows(int64_t first, int64_t n) const;
   bool valid() const { return data != nullptr; }
 };

@@ -13,6 +13,19 @@ namespace dsflash::kernels {
 Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y,
                    OutRound round = OutRound::kBf16);
 
+// Weights in the tile layout (WeightLayout::kTiles16, linear/tiles.h): the same bytes as the
+// GGUF rows, ordered so that the tensor-core GEMVs' loads are contiguous 16-byte runs. Every
+// linear above takes such a weight (on the tensor-core kernels; Unimplemented, naming it,
+// where they cannot), the 8-bit-activation GEMVs do not.
+// Whether w (GGUF order) may be stored so: Q2_K or Q3_K, rows a multiple of 16, columns the
+// tensor-core kernels hold, and neither DSF_WEIGHT_TILES=0 nor the measurement switches
+// DSF_GEMV_MMA / DSF_GEMM_MMA sending products to kernels that read the GGUF order only.
+bool tiles_apply(const Weight& w);
+// w's rows (device memory, GGUF order, w.rows a multiple of 16) into the tile order at dst
+// (device, w.rows x w.row_bytes bytes, 16-byte aligned, not overlapping w), on ctx's stream.
+// The result is w with data dst and layout kTiles16.
+Status to_tiles_cuda(const ExecCtx& ctx, const Weight& w, uint8_t* dst);
+
 // One single-token product y = W x of a batch (the routed experts of a layer at decode).
 struct LinearJob {
   Weight w;  // device data

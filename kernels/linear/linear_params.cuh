@@ -21,6 +21,7 @@ struct LinearParams {
   int64_t rows, cols, row_bytes, n_tok;
   int block_elems, block_bytes;
   bool round_bf16;
+  bool tiles;  // w in WeightLayout::kTiles16 (linear/tiles.h): only the tensor-core kernels read it
 };
 
 // The product of w with n_tok rows of x into y (x, y may be null where only the shape is asked
@@ -28,7 +29,8 @@ struct LinearParams {
 inline LinearParams params_of(const Weight& w, const float* x, float* y, int64_t n_tok, OutRound round) {
   const quant::TypeTraits& t = quant::traits(w.type);
   return LinearParams{w.data, x, y, w.rows, w.cols, static_cast<int64_t>(w.row_bytes), n_tok,
-                      static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16};
+                      static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round == OutRound::kBf16,
+                      w.layout == WeightLayout::kTiles16};
 }
 
 // The decode GEMVs (one token, Q2_K / Q3_K / Q4_K / Q6_K, gemv.cu): whether they take these
@@ -49,6 +51,9 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
                           int64_t expert_bytes, int n, int64_t x_stride, int64_t y_stride, const uint8_t* w2 = nullptr,
                           float* y2 = nullptr, int64_t expert_bytes2 = 0);
 bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n);
+// Whether x of `cols` columns fits the tensor-core GEMVs (whole blocks that their shared memory
+// holds), whatever DSF_GEMV_MMA says.
+bool mma_columns_fit(int64_t cols);
 
 // Prefill GEMMs of Q4_K, Q2_K and Q3_K on the integer tensor cores at fp32 accuracy
 // (gemm_mma.cu): whether they take p (any number of tokens; 16-byte aligned x, the type's

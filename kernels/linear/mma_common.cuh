@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/linear/digits.h"
+#include "kernels/linear/tiles.h"
 
 namespace dsflash::kernels::mma {
 
@@ -137,6 +138,31 @@ struct Q4KHeader {
 // k = 16 + 4t... Lane t loads scale word t of each row (sub-blocks 4t ..), the one its mins
 // take; the others come from the lanes of its quad (a shuffle instead of a load).
 struct Q2KRows {
+  // The same words from a (tile, block) of the tile layout (tiles.h): four loads a lane, each
+  // of the warp's a contiguous run.
+  __device__ __forceinline__ static Q2KRows from_tile(const uint8_t* tile, int g, int t) {
+    Q2KRows r(t);
+    const int lane = 4 * g + t;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const uint4 c = *reinterpret_cast<const uint4*>(tile + 512 * n + 16 * lane);
+      r.q[n][0] = c.x, r.q[n][1] = c.y, r.q[n][2] = c.z, r.q[n][3] = c.w;
+    }
+    const uint2 sc = *reinterpret_cast<const uint2*>(tile + 1024 + 8 * lane);
+    const uint2 dd = *reinterpret_cast<const uint2*>(tile + 1280 + 8 * g);
+    r.sc[0] = sc.x, r.sc[1] = sc.y, r.dd[0] = dd.x, r.dd[1] = dd.y;
+    return r;
+  }
+  // Rows g and g + 8 (ba, bb: their blocks in the GGUF order, or with kTiled, ba the (tile,
+  // block)).
+  template <bool kTiled>
+  __device__ __forceinline__ static Q2KRows load(const uint8_t* ba, const uint8_t* bb, int g, int t) {
+    if constexpr (kTiled) {
+      return from_tile(ba, g, t);
+    } else {
+      return Q2KRows(ba, bb, t);
+    }
+  }
   __device__ __forceinline__ Q2KRows(const uint8_t* ba, const uint8_t* bb, int t) : t_(t) {
     const uint32_t *wa = reinterpret_cast<const uint32_t*>(ba), *wb = reinterpret_cast<const uint32_t*>(bb);
     sc[0] = wa[t], sc[1] = wb[t];
@@ -192,7 +218,29 @@ struct Q2KRows {
   uint32_t dd[2];
 
  private:
+  __device__ __forceinline__ explicit Q2KRows(int t) : t_(t) {}
   int t_;
+};
+
+// A block's bytes by their GGUF offsets, from the GGUF order (2-byte aligned) or from a row's
+// place in a Q3_K (tile, block) (tiles.h; words at offsets of 4 below 108).
+struct GgufBlockView {
+  const uint8_t* blk;
+  __device__ __forceinline__ uint32_t word(int o) const {  // two half-word loads
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(blk + o);
+    return h[0] | (static_cast<uint32_t>(h[1]) << 16);
+  }
+  __device__ __forceinline__ unsigned short half(int o) const { return *reinterpret_cast<const unsigned short*>(blk + o); }
+};
+struct Q3KTileView {
+  const uint8_t* tile;
+  int r;  // the row in the tile
+  __device__ __forceinline__ uint32_t word(int o) const {
+    return *reinterpret_cast<const uint32_t*>(tile + tiles::q3k_byte(r, o));
+  }
+  __device__ __forceinline__ unsigned short half(int o) const {
+    return *reinterpret_cast<const unsigned short*>(tile + tiles::q3k_byte(r, o));
+  }
 };
 
 // A Q3_K block (110 bytes, 2-byte aligned: hmask[32], qs[64], 12 bytes of 6-bit scales, d) as
@@ -213,22 +261,24 @@ struct Q3KRow {
   }
   // Word k (k < 4) of the block's 16 unsigned 6-bit scales, a byte each: sub-blocks 4k ..
   // 4k + 3 (low 4 bits: nibble k / 2 of bytes 96 + 4 (k % 2) ..; high 2: bits 2k of bytes 104 ..).
-  template <bool kAligned = false>
-  __device__ __forceinline__ static uint32_t scale_word(const uint8_t* blk, int k) {
-    const uint32_t lo = word_at<kAligned>(blk + 96 + 4 * (k & 1)), hi = word_at<kAligned>(blk + 104);
+  // Word k from the scale bytes' words lo (bytes 96 + 4 (k & 1) ..) and hi (bytes 104 ..).
+  __device__ __forceinline__ static uint32_t scale_of(uint32_t lo, uint32_t hi, int k) {
     return ((lo >> (4 * (k >> 1))) & 0x0f0f0f0fu) | (((hi >> (2 * k)) & 0x03030303u) << 4);
   }
-  // All four (sub-block s: byte s % 4 of u[s / 4]).
-  __device__ __forceinline__ static void scales(const uint8_t* blk, uint32_t (&u)[4]) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) u[k] = scale_word(blk, k);
+  template <bool kAligned = false>
+  __device__ __forceinline__ static uint32_t scale_word(const uint8_t* blk, int k) {
+    return scale_of(word_at<kAligned>(blk + 96 + 4 * (k & 1)), word_at<kAligned>(blk + 104), k);
   }
-  __device__ __forceinline__ Q3KRow(const uint8_t* blk, int t) {
-    scales(blk, u);
+  // A row's block (GgufBlockView or Q3KTileView).
+  template <class View>
+  __device__ __forceinline__ Q3KRow(const View& v, int t) {
+    const uint32_t lo0 = v.word(96), lo1 = v.word(100), hi = v.word(104);
 #pragma unroll
-    for (int n = 0; n < 2; ++n) q[n][0] = word(blk + 32 + 32 * n + 8 * t), q[n][1] = word(blk + 36 + 32 * n + 8 * t);
-    h[0] = word(blk + 8 * t), h[1] = word(blk + 8 * t + 4);
-    d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 108)));
+    for (int k = 0; k < 4; ++k) u[k] = scale_of(k & 1 ? lo1 : lo0, hi, k);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) q[n][0] = v.word(32 + 32 * n + 8 * t), q[n][1] = v.word(36 + 32 * n + 8 * t);
+    h[0] = v.word(8 * t), h[1] = v.word(8 * t + 4);
+    d = __half2float(__ushort_as_half(v.half(108)));
   }
   __device__ __forceinline__ int scale(int s) const { return byte_of(u[s / 4], s % 4); }
   // Four codes, bytewise, of 128-column half n and bit pair j, from their qs word and hmask word.

@@ -14,6 +14,7 @@
 #include "tests/kernels/cuda_test_util.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/linear_cuda.h"
+#include "kernels/linear/tiles.h"
 
 namespace dsflash::kernels {
 namespace {
@@ -537,6 +538,80 @@ TEST_P(LinearCuda, ExpertGateAndUpMatchCpu) {
   }
   cudaStreamDestroy(s);
   for (void* p : std::initializer_list<void*>{dg, du, dx, di, dyg, dyu}) cudaFree(p);
+}
+
+// The tile layout (linear/tiles.h): the device repack equals the CPU's byte for byte, and every
+// linear on the tiles gives bit for bit what it gives on the GGUF rows: the expert GEMVs (one x,
+// x per product, gate and up in one launch) and the GEMM at 1 to 40 tokens. The readers that
+// cannot take tiles refuse them, naming them.
+TEST_P(LinearCuda, TileLayoutGivesTheGgufProductsBitForBit) {
+  const GgmlType type = GetParam();
+  if (!tiles_apply(Weight{type, 256, 16, nullptr, 0})) GTEST_SKIP() << "no tile layout for this type";
+  const std::pair<int64_t, int64_t> shapes[] = {{256, 16}, {5120, 2304}, {2304, 5120}, {1280, 48}};
+  for (const auto& [K, N] : shapes) {
+    const int64_t E = 3;
+    const int n = 4;
+    const uint64_t rb = *quant::row_bytes(type, K);
+    const int64_t eb = static_cast<int64_t>(rb * N);
+    std::mt19937 rng(401 + static_cast<int>(K + N));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> wf(static_cast<size_t>(K * N * E)), x(static_cast<size_t>(K * 40));
+    for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+    for (float& v : x) v = quant::round_bf16(nd(rng));
+    std::vector<uint8_t> bytes(rb * N * E), want(bytes.size()), got(bytes.size());
+    ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N * E).ok());
+    tiles::repack(static_cast<int>(quant::traits(type).block_bytes), N * E, K / 256, bytes.data(), want.data());
+    uint8_t* dw = to_device(bytes);
+    uint8_t* dt = to_device(std::vector<uint8_t>(bytes.size(), 0));
+    float* dx = to_device(x);
+    const std::vector<int32_t> ids = {2, 0, 2, 1};
+    int32_t* di = to_device(ids);
+    float* dy = to_device(std::vector<float>(N * 40, 0.0f));
+    float* dz = to_device(std::vector<float>(N * 40, 0.0f));
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    const ExecCtx ctx{Backend::kCuda, s};
+    const Weight gguf{type, K, N * E, dw, rb};
+    ASSERT_TRUE(tiles_apply(gguf));
+    ASSERT_TRUE(to_tiles_cuda(ctx, gguf, dt).ok());
+    ASSERT_EQ(cudaMemcpyAsync(got.data(), dt, got.size(), cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size()), 0) << "K=" << K << " N=" << N;
+    Weight tiled{type, K, N, dt, rb, WeightLayout::kTiles16};
+    const Weight plain{type, K, N, dw, rb};
+    const auto same = [&](int64_t count, const char* what) {
+      std::vector<float> a(count), b(count);
+      ASSERT_EQ(cudaMemcpyAsync(a.data(), dy, count * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaMemcpyAsync(b.data(), dz, count * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), count * 4), 0) << what << " K=" << K << " N=" << N;
+      EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); })) << what;
+    };
+    for (const bool one_x : {true, false}) {
+      ASSERT_TRUE(linear_experts_mma_cuda(ctx, plain, eb, di, n, dx, one_x ? 0 : K, dy, N, OutRound::kF32).ok());
+      ASSERT_TRUE(linear_experts_cuda(ctx, tiled, eb, di, n, dx, one_x ? 0 : K, dz, N, OutRound::kF32).ok());
+      same(N * n, one_x ? "experts, one x" : "experts, an x each");
+    }
+    // Gate and up (here the same weight twice) in one launch.
+    ASSERT_TRUE(linear_experts_gate_up_cuda(ctx, plain, eb, plain, eb, di, n, dx, dy, dy + N * n, N).ok());
+    ASSERT_TRUE(linear_experts_gate_up_cuda(ctx, tiled, eb, tiled, eb, di, n, dx, dz, dz + N * n, N).ok());
+    same(2 * N * n, "gate and up");
+    for (const int64_t T : {1, 3, 40}) {
+      ASSERT_TRUE(linear_gemm_mma_cuda(ctx, plain, dx, T, dy, OutRound::kF32).ok());
+      ASSERT_TRUE(linear_cuda(ctx, tiled, dx, T, dz, OutRound::kF32).ok());
+      same(N * T, "GEMM");
+    }
+    const ActQ8 none{};
+    const Status q8 = linear_experts_q8_cuda(ctx, tiled, eb, di, n, none, true, dy, N);
+    EXPECT_EQ(q8.code(), absl::StatusCode::kUnimplemented) << q8;
+    if (N > 16) {  // rows that are not whole tiles
+      const Status part = linear_cuda(ctx, tiled.slice_rows(0, 17), dx, 1, dz);
+      EXPECT_EQ(part.code(), absl::StatusCode::kUnimplemented) << part;
+      EXPECT_NE(part.message().find("tiles"), std::string_view::npos) << part;
+    }
+    cudaStreamDestroy(s);
+    for (void* p : std::initializer_list<void*>{dw, dt, dx, di, dy, dz}) cudaFree(p);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, LinearCuda,
