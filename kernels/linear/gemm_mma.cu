@@ -127,8 +127,8 @@ struct Q4KGemm {
       int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
       mins_mma<2>(lo, hi, am_a, am_b, bm, ln, pr);
       const float S = bs[2 * pr + (ln.t >> 1)][0];
-      acc[pr][0] += S * (ha.d * ln.digits(v[0], v[1]) - ha.dmin * ln.mins(lo, hi, 0));
-      acc[pr][1] += S * (hb.d * ln.digits(v[2], v[3]) - hb.dmin * ln.mins(lo, hi, 1));
+      acc[pr][0] = acc_fma(acc[pr][0], S, scaled_diff(ha.d, ln.digits(v[0], v[1]), ha.dmin, ln.mins(lo, hi, 0)));
+      acc[pr][1] = acc_fma(acc[pr][1], S, scaled_diff(hb.d, ln.digits(v[2], v[3]), hb.dmin, ln.mins(lo, hi, 1)));
     }
   }
 };
@@ -166,8 +166,8 @@ struct Q2KGemm {
       int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
       mins_mma<4>(lo, hi, am_a, am_b, bm, ln, pr);
       const float S = bs[2 * pr + (ln.t >> 1)][0];
-      acc[pr][0] += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.mins(lo, hi, 0));
-      acc[pr][1] += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.mins(lo, hi, 1));
+      acc[pr][0] = acc_fma(acc[pr][0], S, scaled_diff(half_lo(da), ln.digits(v[0], v[1]), half_hi(da), ln.mins(lo, hi, 0)));
+      acc[pr][1] = acc_fma(acc[pr][1], S, scaled_diff(half_lo(db), ln.digits(v[2], v[3]), half_hi(db), ln.mins(lo, hi, 1)));
     }
   }
 };
@@ -218,8 +218,8 @@ struct Q3KGemm {
       mins_mma<4>(lo, hi, ao_a, ao_b, bm, ln, pr);
       const float S = bs[2 * pr + (ln.t >> 1)][0];
       const auto total = [&](int k) { return 8 * vh[k] + vl[k] - 32 * vc[k]; };
-      acc[pr][0] += S * ra.d * (ln.digits(total(0), total(1)) - 4.0f * ln.mins(lo, hi, 0));
-      acc[pr][1] += S * rb.d * (ln.digits(total(2), total(3)) - 4.0f * ln.mins(lo, hi, 1));
+      acc[pr][0] = acc_fma(acc[pr][0], S * ra.d, ln.digits(total(0), total(1)) - 4.0f * ln.mins(lo, hi, 0));
+      acc[pr][1] = acc_fma(acc[pr][1], S * rb.d, ln.digits(total(2), total(3)) - 4.0f * ln.mins(lo, hi, 1));
     }
   }
 };

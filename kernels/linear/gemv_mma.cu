@@ -202,8 +202,8 @@ struct Q4KBlock {
     int m[4] = {0, 0, 0, 0};
     mma_s8(m, am_a, am_b, 0u, 0u, make_uint2(bm, 0u));
     const float S = x.scale[xblk];
-    *acc_a += S * (ha.d * ln.digits(va0, va1) - ha.dmin * ln.mins(m[0], m[1]));
-    *acc_b += S * (hb.d * ln.digits(vb0, vb1) - hb.dmin * ln.mins(m[2], m[3]));
+    *acc_a = acc_fma(*acc_a, S, scaled_diff(ha.d, ln.digits(va0, va1), ha.dmin, ln.mins(m[0], m[1])));
+    *acc_b = acc_fma(*acc_b, S, scaled_diff(hb.d, ln.digits(vb0, vb1), hb.dmin, ln.mins(m[2], m[3])));
   }
 };
 
@@ -241,8 +241,8 @@ struct Q2KBlock {
     mma_s8(m, rows.mins_a(0), rows.mins_a(1), 0u, 0u, make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
     const uint32_t da = rows.d_dmin(0), db = rows.d_dmin(1);
     const float S = x.scale[xblk];
-    *acc_a += S * (half_lo(da) * ln.digits(v[0], v[1]) - half_hi(da) * ln.mins(m[0], m[1]));
-    *acc_b += S * (half_lo(db) * ln.digits(v[2], v[3]) - half_hi(db) * ln.mins(m[2], m[3]));
+    *acc_a = acc_fma(*acc_a, S, scaled_diff(half_lo(da), ln.digits(v[0], v[1]), half_hi(da), ln.mins(m[0], m[1])));
+    *acc_b = acc_fma(*acc_b, S, scaled_diff(half_lo(db), ln.digits(v[2], v[3]), half_hi(db), ln.mins(m[2], m[3])));
   }
 };
 
@@ -367,8 +367,9 @@ struct Q3KBlock {
     mma_s8(g, __vsub4(word_at(ra.u, ln.t), 0x20202020u), __vsub4(word_at(rb.u, ln.t), 0x20202020u), 0u, 0u,
            make_uint2(*x.mins_slot(xblk, 4 * ln.g + ln.t), 0u));
     const float S = x.scale[xblk];
-    *acc_a += S * ra.d * (0.0625f * ln.digits(v[0], v[1]) - 4.0f * ln.mins(g[0], g[1]));  // v: 16 x (Row::scale)
-    *acc_b += S * rb.d * (0.0625f * ln.digits(v[2], v[3]) - 4.0f * ln.mins(g[2], g[3]));
+    // v: 16 x (Row::scale)
+    *acc_a = acc_fma(*acc_a, S * ra.d, 0.0625f * ln.digits(v[0], v[1]) - 4.0f * ln.mins(g[0], g[1]));
+    *acc_b = acc_fma(*acc_b, S * rb.d, 0.0625f * ln.digits(v[2], v[3]) - 4.0f * ln.mins(g[2], g[3]));
   }
   template <bool kAligned>
   __device__ __forceinline__ static void add_rows(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
@@ -434,8 +435,8 @@ struct Q6KBlock {
     int v[4];
     k16_subblocks(ra, rb, x, xblk, ln, v);
     const float S = x.scale[xblk];
-    *acc_a += S * ra.d * ln.digits(v[0], v[1]);
-    *acc_b += S * rb.d * ln.digits(v[2], v[3]);
+    *acc_a = acc_fma(*acc_a, S * ra.d, ln.digits(v[0], v[1]));
+    *acc_b = acc_fma(*acc_b, S * rb.d, ln.digits(v[2], v[3]));
   }
   // Word loads where the blocks are 4-byte aligned, else half-word pairs (add_by_alignment).
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,

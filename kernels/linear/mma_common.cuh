@@ -52,6 +52,14 @@ __device__ __forceinline__ float half_hi(uint32_t w) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
 }
 
+// The blocks' fp32 epilogue with every rounding fixed: acc + s x (one fma) and d x - m y (an
+// fma on the rounded m y). As plain expressions the compiler may contract them into fmas or
+// not, and may choose differently in two instances of one reader (the GGUF order against the
+// tiles of tiles.h, which must agree bit for bit); products by powers of two (S, the digit
+// weights, 1/16, 4) are exact, so they need no such care.
+__device__ __forceinline__ float acc_fma(float acc, float s, float x) { return __fmaf_rn(s, x, acc); }
+__device__ __forceinline__ float scaled_diff(float d, float x, float m, float y) { return __fmaf_rn(d, x, -__fmul_rn(m, y)); }
+
 // Word t of four little-endian words (a select chain: a register array indexed by a lane's t
 // would live in local memory).
 __device__ __forceinline__ uint32_t word_at(const uint32_t (&w)[4], int t) {
