@@ -21,6 +21,10 @@ StatusOr<std::unique_ptr<HostArena>> HostArena::create(uint64_t bytes) {
   return a;
 }
 
+Status Arena::copy_in_tiles(uint64_t, const kernels::Weight&) {
+  return absl::FailedPreconditionError(absl::StrCat("the ", mechanism(), " arena keeps experts in the GGUF order only"));
+}
+
 Status HostArena::copy_in(uint64_t offset, const uint8_t* src, size_t n) {
   if (offset + n > region_.size()) return absl::InternalError("copy past the end of the expert arena");
   std::memcpy(region_.data() + offset, src, n);

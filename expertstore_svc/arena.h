@@ -10,6 +10,7 @@
 
 #include "common/ipc/shm.h"
 #include "common/status.h"
+#include "kernels/linear/linear.h"
 
 namespace dsflash::expertstore {
 
@@ -24,6 +25,9 @@ class Arena {
   virtual uint8_t* device_data() const { return nullptr; }
   // Copies n bytes into the arena at `offset`; returns when the bytes are in place.
   virtual Status copy_in(uint64_t offset, const uint8_t* src, size_t n) = 0;
+  // Copies w's rows (host memory, GGUF order) into the arena at `offset` in the device tile
+  // order (kernels::to_tiles_cuda); returns when they are in place. Device arenas only.
+  virtual Status copy_in_tiles(uint64_t offset, const kernels::Weight& w);
   // Page-locks a staging buffer for copies into this arena (mlock for host memory, CUDA
   // host registration for device memory); unpin undoes it.
   virtual Status pin(void* p, size_t n);

@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "expertstore_svc/arena.h"
+#include "kernels/exec.h"
+#include "kernels/linear/linear_cuda.h"
 
 namespace dsflash::expertstore {
 namespace {
@@ -103,10 +105,13 @@ StatusOr<CUdeviceptr> map_handle(CUmemGenericAllocationHandle handle, size_t siz
   return ptr;
 }
 
-// Copies through one stream and event per thread (H2D from pinned staging, then waits).
+// Copies through one stream and event per thread (H2D from pinned staging, then waits), and
+// the device scratch a tiled copy lands in before its reorder into the slot.
 struct CopyStream {
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
 };
 
 class DeviceArena final : public Arena {
@@ -130,6 +135,38 @@ class DeviceArena final : public Arena {
   uint8_t* device_data() const override { return reinterpret_cast<uint8_t*>(ptr_); }
   Status copy_in(uint64_t offset, const uint8_t* src, size_t n) override {
     if (offset + n > size_) return absl::InternalError("copy past the end of the device arena");
+    ASSIGN_OR_RETURN(CopyStream * cs, copy_stream());
+    cudaError_t e = cudaMemcpyAsync(reinterpret_cast<void*>(ptr_ + offset), src, n, cudaMemcpyHostToDevice, cs->stream);
+    return finish(*cs, e, "H2D copy into the expert arena");
+  }
+  Status copy_in_tiles(uint64_t offset, const kernels::Weight& w) override {
+    const size_t n = static_cast<size_t>(w.rows) * w.row_bytes;
+    if (offset + n > size_) return absl::InternalError("copy past the end of the device arena");
+    ASSIGN_OR_RETURN(CopyStream * cs, copy_stream());
+    if (cs->scratch_bytes < n) {  // grown to the largest slice, kept for the thread's life
+      if (cs->scratch != nullptr) cudaFree(cs->scratch);
+      cs->scratch = nullptr, cs->scratch_bytes = 0;
+      const cudaError_t e = cudaMalloc(&cs->scratch, n);
+      if (e != cudaSuccess) return cuda_error(e, "cudaMalloc of the tile reorder's scratch");
+      cs->scratch_bytes = n;
+    }
+    cudaError_t e = cudaMemcpyAsync(cs->scratch, w.data, n, cudaMemcpyHostToDevice, cs->stream);
+    if (e != cudaSuccess) return cuda_error(e, "H2D copy for the expert arena");
+    kernels::Weight src = w;
+    src.data = static_cast<const uint8_t*>(cs->scratch);
+    RETURN_IF_ERROR(kernels::to_tiles_cuda(kernels::ExecCtx{kernels::Backend::kCuda, cs->stream}, src,
+                                           reinterpret_cast<uint8_t*>(ptr_ + offset)));
+    return finish(*cs, cudaSuccess, "tile reorder into the expert arena");
+  }
+  Status pin(void* p, size_t n) override {
+    cudaSetDevice(device_);
+    const cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterDefault);
+    return e == cudaSuccess ? absl::OkStatus() : cuda_error(e, "cudaHostRegister of a staging buffer");
+  }
+  void unpin(void* p, size_t) override { cudaHostUnregister(p); }
+
+  // This thread's copy stream, made on first use.
+  StatusOr<CopyStream*> copy_stream() {
     thread_local CopyStream cs;
     if (cs.stream == nullptr) {
       cudaSetDevice(device_);
@@ -138,17 +175,14 @@ class DeviceArena final : public Arena {
         return absl::UnavailableError("cannot create the copy stream");
       }
     }
-    cudaError_t e = cudaMemcpyAsync(reinterpret_cast<void*>(ptr_ + offset), src, n, cudaMemcpyHostToDevice, cs.stream);
+    return &cs;
+  }
+  // Waits for what cs's stream was given (after e, the last call's result).
+  static Status finish(CopyStream& cs, cudaError_t e, const char* what) {
     if (e == cudaSuccess) e = cudaEventRecord(cs.done, cs.stream);
     if (e == cudaSuccess) e = cudaEventSynchronize(cs.done);
-    return e == cudaSuccess ? absl::OkStatus() : cuda_error(e, "H2D copy into the expert arena");
+    return e == cudaSuccess ? absl::OkStatus() : cuda_error(e, what);
   }
-  Status pin(void* p, size_t n) override {
-    cudaSetDevice(device_);
-    const cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterDefault);
-    return e == cudaSuccess ? absl::OkStatus() : cuda_error(e, "cudaHostRegister of a staging buffer");
-  }
-  void unpin(void* p, size_t) override { cudaHostUnregister(p); }
 
   bool vmm_ = false;
   int device_ = 0, fd_ = -1;

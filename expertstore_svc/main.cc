@@ -42,6 +42,8 @@ constexpr const char* kUsage =
     "                        (device when a GPU is present) (default host)\n"
     "  --device N            CUDA device of a device arena (default 0)\n"
     "  --device-sharing M    auto (VMM POSIX-fd, else legacy IPC), cuda-vmm-fd or cuda-ipc (default auto)\n"
+    "  --expert-tiles BOOL   a device arena keeps Q2_K / Q3_K experts in the GPU GEMVs' tile order\n"
+    "                        (default true; false: the GGUF order, for clients that read only that)\n"
     "  --eviction P          lfu (default: the least often used expert, counts aged), lru, or\n"
     "                        random-oldest:F (a random victim among the oldest fraction F of the\n"
     "                        unleased slots, 0 < F <= 1)\n";
@@ -104,6 +106,7 @@ int parse_flags(int argc, char** argv, Flags* f) {
     else if (a == "--staging-buffers") ok = ok && absl::SimpleAtoi(v, &f->store.staging_buffers) && f->store.staging_buffers >= 0;
     else if (a == "--pin-staging") ok = ok && parse_bool(v, &f->store.pin_staging);
     else if (a == "--direct-io") ok = ok && parse_bool(v, &f->store.direct_io);
+    else if (a == "--expert-tiles") ok = ok && parse_bool(v, &f->store.tiles);
     else if (a == "--arena") ok = ok && (v == "host" || v == "device" || v == "auto") && (f->store.arena = v, true);
     else if (a == "--device") ok = ok && absl::SimpleAtoi(v, &f->store.device) && f->store.device >= 0;
     else if (a == "--eviction") ok = ok && parse_eviction(v, &f->store.evict_least_frequent, &f->store.evict_oldest_fraction);

@@ -38,6 +38,7 @@ void fill(pb::SliceLayout* out, const Slice& s, uint64_t rows, uint64_t cols) {
   out->set_bytes(s.bytes);
   out->set_rows(rows);
   out->set_cols(cols);
+  out->set_tiles(s.tiles);
 }
 
 // Blocking work (expert loads) runs here, off gRPC's callback threads.

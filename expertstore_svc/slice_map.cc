@@ -1,6 +1,7 @@
 #include "expertstore_svc/slice_map.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/linear/linear_cuda.h"
 
 namespace dsflash::expertstore {
 namespace {
@@ -36,20 +37,29 @@ StatusOr<SliceMap> SliceMap::build(const gguf::Model& m, const config::ModelConf
     ASSIGN_OR_RETURN(const gguf::TensorInfo* u, merged(m, l, "up", D, F, E));
     ASSIGN_OR_RETURN(const gguf::TensorInfo* d, merged(m, l, "down", F, D, E));
     for (uint64_t e = 0; e < E; ++e) {
-      auto slice = [&](const gguf::TensorInfo* t, uint64_t offset_in_slot) {
+      auto slice = [&](const gguf::TensorInfo* t, uint64_t offset_in_slot, uint64_t rows, uint64_t cols) {
         const uint64_t bytes = t->n_bytes / E;
-        return Slice{t->shard, t->file_offset + e * bytes, bytes, t->type, offset_in_slot};
+        return Slice{t->shard, t->file_offset + e * bytes, bytes, t->type, offset_in_slot, static_cast<int64_t>(rows),
+                     static_cast<int64_t>(cols)};
       };
       ExpertSlices s;
-      s.gate = slice(g, 0);
-      s.up = slice(u, align_up(s.gate.bytes, kSliceAlign));
-      s.down = slice(d, s.up.slot_offset + align_up(s.up.bytes, kSliceAlign));
+      s.gate = slice(g, 0, F, D);
+      s.up = slice(u, align_up(s.gate.bytes, kSliceAlign), F, D);
+      s.down = slice(d, s.up.slot_offset + align_up(s.up.bytes, kSliceAlign), D, F);
       map.slot_bytes_ = std::max(map.slot_bytes_, s.down.slot_offset + align_up(s.down.bytes, kSliceAlign));
       map.expert_bytes_ = std::max(map.expert_bytes_, s.gate.bytes + s.up.bytes + s.down.bytes);
       map.slices_.push_back(s);
     }
   }
   return map;
+}
+
+void SliceMap::use_tiles() {
+  for (ExpertSlices& e : slices_) {
+    for (Slice* s : {&e.gate, &e.up, &e.down}) {
+      s->tiles = kernels::tile_layout_exists(kernels::Weight{s->type, s->cols, s->rows, nullptr, s->bytes / s->rows});
+    }
+  }
 }
 
 StatusOr<ExpertSlices> SliceMap::at(uint32_t layer, uint32_t expert) const {

@@ -23,6 +23,8 @@ struct Slice {
   uint64_t bytes = 0;
   quant::GgmlType type = quant::GgmlType::kF32;
   uint64_t slot_offset = 0;  // where it lives inside a slot
+  int64_t rows = 0, cols = 0;
+  bool tiles = false;  // kept in the slot in the device tile order (kernels/linear/tiles.h)
 };
 
 struct ExpertSlices {
@@ -40,6 +42,9 @@ class SliceMap {
   uint64_t expert_bytes() const { return expert_bytes_; }
   // Slices of (layer, expert); OutOfRange for an expert that does not exist.
   StatusOr<ExpertSlices> at(uint32_t layer, uint32_t expert) const;
+  // Marks every slice whose type and shape have a tile layout (kernels::tile_layout_exists) to
+  // be kept in it (a device arena's store).
+  void use_tiles();
 
  private:
   uint32_t n_layers_ = 0, n_experts_ = 0;

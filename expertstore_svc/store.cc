@@ -40,6 +40,7 @@ StatusOr<std::unique_ptr<Store>> Store::open(const std::string& model_path, Stor
     std::string report;
     ASSIGN_OR_RETURN(s->arena_, create_device_arena(slot * slots, o.device, o.device_mechanism, &report));
     log::info("expert store: %s", report.c_str());
+    if (o.tiles) s->slices_.use_tiles();
   } else {
     return absl::InvalidArgumentError(absl::StrCat("unknown arena kind '", o.arena, "' (host, device or auto)"));
   }
@@ -158,7 +159,7 @@ Status Store::copy_from_tier(const ExpertSlices& sl, const HostTier::Handle& cac
   ev.host_tier = true;
   for (const Slice* s : {&sl.gate, &sl.up, &sl.down}) {
     const auto t0 = Clock::now();
-    RETURN_IF_ERROR(arena_->copy_in(base + s->slot_offset, cached.data + s->slot_offset, s->bytes));
+    RETURN_IF_ERROR(copy_slice(base, *s, cached.data + s->slot_offset));
     ev.copy_s += seconds(t0, Clock::now());
   }
   return absl::OkStatus();
@@ -173,7 +174,7 @@ Status Store::read_from_disk(const Load& job, const ExpertSlices& sl, uint64_t b
     const uint8_t* data = nullptr;
     st = reader_->read(s->shard, s->file_offset, s->bytes, buf, ring_->buffer_bytes(), &data);
     const auto t1 = Clock::now();
-    if (st.ok()) st = arena_->copy_in(base + s->slot_offset, data, s->bytes);
+    if (st.ok()) st = copy_slice(base, *s, data);
     if (st.ok() && fill) std::memcpy(fill.data + s->slot_offset, data, s->bytes);
     ev.read_s += seconds(t0, t1);
     ev.copy_s += seconds(t1, Clock::now());
@@ -183,6 +184,11 @@ Status Store::read_from_disk(const Load& job, const ExpertSlices& sl, uint64_t b
   ring_->give(buf);
   if (tier_) tier_->release(fill, st.ok());
   return st;
+}
+
+Status Store::copy_slice(uint64_t base, const Slice& s, const uint8_t* data) {
+  if (!s.tiles) return arena_->copy_in(base + s.slot_offset, data, s.bytes);
+  return arena_->copy_in_tiles(base + s.slot_offset, kernels::Weight{s.type, s.cols, s.rows, data, s.bytes / s.rows});
 }
 
 void Store::reader_loop() {

@@ -48,6 +48,10 @@ struct StoreOptions {
   double evict_oldest_fraction = 0;
   // Bytes of the host-memory tier between disk and arena (host_tier.h); 0: none.
   uint64_t host_cache_bytes = 0;
+  // With a device arena, keep the Q2_K / Q3_K slices in the device tile order the inference
+  // process's tensor-core GEMVs read fastest (kernels/linear/tiles.h; SliceLayout.tiles tells
+  // the client); the GGUF order where off, or in a host arena.
+  bool tiles = true;
 };
 
 // One finished load, for metrics.
@@ -136,6 +140,8 @@ class Store {
   Status load_into(Load& job, LoadEvent& ev);
   Status copy_from_tier(const ExpertSlices& sl, const HostTier::Handle& cached, uint64_t base, LoadEvent& ev);
   Status read_from_disk(const Load& job, const ExpertSlices& sl, uint64_t base, LoadEvent& ev);
+  // One slice's bytes (host memory, GGUF order) into the slot at base, in the slice's order.
+  Status copy_slice(uint64_t base, const Slice& s, const uint8_t* data);
   StatusOr<uint32_t> wait_for_victim(bool* evicted);
   bool is_open(SessionRow s) const;  // under mu_
 

@@ -13,6 +13,7 @@
 #include "dsflash/v1/expertstore.grpc.pb.h"
 #include "expertstore_svc/arena.h"
 #include "expertstore_svc/slot_table.h"
+#include "kernels/linear/linear_cuda.h"
 
 namespace dsflash::expertclient {
 namespace {
@@ -31,6 +32,15 @@ Status check_slice(const pb::SliceLayout& s, uint64_t rows, uint64_t cols, uint6
     return absl::FailedPreconditionError(absl::StrCat("the expert store's ", what, " is ", s.rows(), "x", s.cols(),
                                                       " (type ", s.ggml_type(), ", ", s.bytes(), " bytes at ",
                                                       s.slot_offset(), "); this model needs ", rows, "x", cols));
+  }
+  // Tiles (kernels/linear/tiles.h): only where this process's kernels read them.
+  const kernels::Weight shape{static_cast<quant::GgmlType>(s.ggml_type()), static_cast<int64_t>(cols),
+                              static_cast<int64_t>(rows), nullptr, *rb};
+  if (s.tiles() && !kernels::tiles_apply(shape)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the expert store keeps its ", what, " in the GPU tile order, which this process does not read (a ",
+        quant::traits(shape.type).name, " ", rows, "x", cols, " matrix, or tiles turned off by DSF_WEIGHT_TILES=0, "
+        "DSF_GEMV_MMA or DSF_GEMM_MMA); start the store with --expert-tiles false"));
   }
   return absl::OkStatus();
 }
@@ -234,6 +244,7 @@ model::ExpertWeights ExpertClient::view(const Session& s, int layer, uint32_t sl
     k.rows = static_cast<int64_t>(x.rows());
     k.row_bytes = x.bytes() / x.rows();
     k.data = base + x.slot_offset();
+    k.layout = x.tiles() ? kernels::WeightLayout::kTiles16 : kernels::WeightLayout::kGguf;
     return k;
   };
   const auto& L = s.info.layers(layer);

@@ -472,11 +472,15 @@ __global__ void __launch_bounds__(256) to_tiles_kernel(const uint8_t* __restrict
 
 }  // namespace
 
+bool tile_layout_exists(const Weight& w) {
+  return (w.type == GgmlType::kQ2_K || w.type == GgmlType::kQ3_K) && w.rows > 0 && w.rows % tiles::kRows == 0 &&
+         mma_columns_fit(w.cols);
+}
+
 bool tiles_apply(const Weight& w) {
   static const bool on = cuda::env_int("DSF_WEIGHT_TILES", 1) != 0 && cuda::env_int("DSF_GEMV_MMA", 2) == 2 &&
                          cuda::env_int("DSF_GEMM_MMA", 1) != 0;
-  return on && (w.type == GgmlType::kQ2_K || w.type == GgmlType::kQ3_K) && w.layout == WeightLayout::kGguf &&
-         w.rows > 0 && w.rows % tiles::kRows == 0 && mma_columns_fit(w.cols);
+  return on && w.layout == WeightLayout::kGguf && tile_layout_exists(w);
 }
 
 Status to_tiles_cuda(const ExecCtx& ctx, const Weight& w, uint8_t* dst) {

@@ -17,9 +17,12 @@ Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t 
 // GGUF rows, ordered so that the tensor-core GEMVs' loads are contiguous 16-byte runs. Every
 // linear above takes such a weight (on the tensor-core kernels; Unimplemented, naming it,
 // where they cannot), the 8-bit-activation GEMVs do not.
-// Whether w (GGUF order) may be stored so: Q2_K or Q3_K, rows a multiple of 16, columns the
-// tensor-core kernels hold, and neither DSF_WEIGHT_TILES=0 nor the measurement switches
-// DSF_GEMV_MMA / DSF_GEMM_MMA sending products to kernels that read the GGUF order only.
+// Whether w's type and shape have a tile layout the kernels read: Q2_K or Q3_K, rows a multiple
+// of 16, columns the tensor-core kernels hold (its layout and data are not looked at).
+bool tile_layout_exists(const Weight& w);
+// Whether this process stores w (GGUF order) so and reads such weights: tile_layout_exists,
+// and neither DSF_WEIGHT_TILES=0 nor the measurement switches DSF_GEMV_MMA / DSF_GEMM_MMA
+// sending products to kernels that read the GGUF order only.
 bool tiles_apply(const Weight& w);
 // w's rows (device memory, GGUF order, w.rows a multiple of 16) into the tile order at dst
 // (device, w.rows x w.row_bytes bytes, 16-byte aligned, not overlapping w), on ctx's stream.

@@ -38,7 +38,11 @@ TEST(Store, SlotsHoldTheFileBytes) {
     std::vector<uint8_t> want(x->bytes);
     ASSERT_TRUE((*file)->shard(x->shard).pread(x->file_offset, want.data(), want.size()).ok());
     EXPECT_EQ(0, std::memcmp(slot + x->slot_offset, want.data(), want.size()));
+    EXPECT_FALSE(x->tiles);  // a host arena keeps the GGUF order
+    EXPECT_EQ(static_cast<uint64_t>(x->rows) * *quant::row_bytes(x->type, static_cast<uint64_t>(x->cols)), x->bytes);
   }
+  EXPECT_EQ(sl.gate.rows, s.config().expert_ffn);
+  EXPECT_EQ(sl.down.cols, s.config().expert_ffn);
   ASSERT_TRUE(s.release(*lease).ok());
   EXPECT_EQ(s.release(*lease).code(), absl::StatusCode::kFailedPrecondition);  // not held twice
   auto again = s.acquire(Store::kLocal, 4, 1);  // now a hit

@@ -4,10 +4,16 @@
 // with every expert resident, bit for bit, with an arena too small for the experts (every layer
 // evicts) and one that holds them all, with and without next-layer prefetch; a store killed
 // mid-generation fails the forward with UNAVAILABLE and the model works again once it is back.
+// The store keeps the quantised experts in the GPU tile order (kernels/linear/tiles.h) by
+// default, and the GGUF order with --expert-tiles false; both give the resident logits.
+#include <cuda_runtime.h>
+
 #include <cstdio>
 
 #include "common/gguf/gguf.h"
 #include "expertstore_svc/slice_map.h"
+#include "expertstore_svc/store.h"
+#include "kernels/linear/tiles.h"
 #include "gtest/gtest.h"
 #include "inference_svc/expert_client/expert_client.h"
 #include "inference_svc/model/model.h"
@@ -99,12 +105,20 @@ TEST_P(StreamedCuda, TwoProcessesGiveTheResidentLogits) {
   ASSERT_TRUE(resident.ok()) << resident.status();
   const auto want = generate(**resident, 12);
   const uint64_t all = uint64_t{m.cfg.n_layer} * m.cfg.n_expert;
-  // n_expert_used + 1 slots: every layer evicts; all: nothing does.
-  for (const uint64_t slots : {uint64_t{m.cfg.n_expert_used} + 1, all}) {
-    for (const bool prefetch : {true, false}) {
-      SCOPED_TRACE(::testing::Message() << slots << " slots, prefetch " << prefetch);
+  // n_expert_used + 1 slots: every layer evicts; all: nothing does. The GGUF order once.
+  struct Run {
+    uint64_t slots;
+    bool prefetch, tiles;
+  };
+  const uint64_t few = uint64_t{m.cfg.n_expert_used} + 1;
+  for (const Run& r : {Run{few, true, true}, Run{few, false, true}, Run{all, true, true}, Run{all, false, true},
+                       Run{few, false, false}}) {
+    const uint64_t slots = r.slots;
+    const bool prefetch = r.prefetch;
+    {
+      SCOPED_TRACE(::testing::Message() << slots << " slots, prefetch " << prefetch << ", tiles " << r.tiles);
       TempDir dir;
-      StoreProcess store(dir, m.path, m.budget(slots), {"--arena", "device"});
+      StoreProcess store(dir, m.path, m.budget(slots), {"--arena", "device", "--expert-tiles", r.tiles ? "true" : "false"});
       auto client = m.client(store.address());
       ASSERT_TRUE(client->wait_connected(20s).ok()) << client->availability() << store.process().log();
       expertclient::ExpertClient* c = client.get();
@@ -132,6 +146,40 @@ TEST_P(StreamedCuda, TwoProcessesGiveTheResidentLogits) {
                   static_cast<unsigned long long>(c->hits()), static_cast<unsigned long long>(c->misses()),
                   static_cast<unsigned long long>(st.evictions()), static_cast<unsigned long long>(st.prefetches()));
     }
+  }
+}
+
+// A device arena's slots hold the file's bytes, in the tile order where the slice has one
+// (the synthetic file's Q2_K / Q3_K experts; the golden file's float ones keep the GGUF order)
+// unless tiles are off.
+TEST_P(StreamedCuda, DeviceSlotsHoldTheFileBytesInTheirOrder) {
+  const ModelFile& m = *model_;
+  for (const bool tiles : {true, false}) {
+    auto store = expertstore::Store::open(
+        m.path, expertstore::StoreOptions{.budget_bytes = (m.cfg.n_expert_used + 1) * m.slot_bytes, .arena = "device", .tiles = tiles});
+    ASSERT_TRUE(store.ok()) << store.status();
+    int tiled = 0;
+    for (auto [l, e] : {std::pair{0u, 1u}, {m.cfg.n_layer - 1, m.cfg.n_expert - 1}}) {
+      auto lease = (*store)->acquire(expertstore::Store::kLocal, l, e);
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      const uint8_t* slot = (*store)->arena().device_data() + uint64_t{lease->slot} * (*store)->slices().slot_bytes();
+      const expertstore::ExpertSlices sl = *(*store)->slices().at(l, e);
+      for (const expertstore::Slice* s : {&sl.gate, &sl.up, &sl.down}) {
+        std::vector<uint8_t> file(s->bytes), want(s->bytes), got(s->bytes);
+        ASSERT_TRUE(m.file->shard(s->shard).pread(s->file_offset, file.data(), file.size()).ok());
+        want = file;
+        const int block = static_cast<int>(quant::traits(s->type).block_bytes);
+        if (s->tiles) {
+          kernels::tiles::repack(block, s->rows, s->cols / static_cast<int64_t>(quant::traits(s->type).block_elems),
+                                 file.data(), want.data());
+          ++tiled;
+        }
+        ASSERT_EQ(cudaMemcpy(got.data(), slot + s->slot_offset, got.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(got, want) << "layer " << l << " expert " << e << " tiles " << s->tiles;
+      }
+      ASSERT_TRUE((*store)->release(*lease).ok());
+    }
+    EXPECT_EQ(tiled, tiles && GetParam() != "golden" ? 6 : 0);
   }
 }
 
