@@ -9,8 +9,11 @@
 //   expert_stream_bench --model M.gguf --store-bin PATH [--fractions 0.25,0.5,1] [--prompt 64]
 //                       [--decode 256] [--readers 4] [--prefetch on|off] [--host-cache 0]
 //                       [--eviction lfu|lru|random-oldest:F] [--trace-out F] [--csv F] [--label L]
+//                       [--expert-tiles true|false]
 // --trace-out writes the decode's routing (the same for every fraction) for expert_cache_sim;
-// --host-cache F gives the store a pinned host-memory tier of F x all experts (--host-cache).
+// --host-cache F gives the store a pinned host-memory tier of F x all experts (--host-cache);
+// --expert-tiles false has the store keep the GGUF order (run with DSF_WEIGHT_TILES=0, so the
+// resident run reads the same order).
 #include <unistd.h>
 
 #include <algorithm>
@@ -191,6 +194,7 @@ Status run_bench(const tools::Args& a) {
   const bool prefetch = a.get_or("prefetch", "off") == "on";
   const double host_frac = std::atof(a.get_or("host-cache", "0").c_str());
   const std::string eviction = a.get_or("eviction", "lfu");  // the store's default
+  const std::string tiles = a.get_or("expert-tiles", "true");  // the store's default
   if (host_frac < 0 || host_frac > 1) return absl::InvalidArgumentError("--host-cache: a fraction of the experts in [0, 1]");
   ASSIGN_OR_RETURN(auto file, gguf::Model::open(model));
   ASSIGN_OR_RETURN(const config::ModelConfig cfg, config::from_gguf(*file));
@@ -218,7 +222,8 @@ Status run_bench(const tools::Args& a) {
     const std::string sock = "unix:" + dir + "/store.sock";
     std::vector<std::string> args = {a.get_or("store-bin", ""), "--model", model, "--listen", sock, "--metrics", "off",
                                      "--budget", std::to_string(slots * map.slot_bytes()), "--arena", "device",
-                                     "--reader-threads", std::to_string(readers), "--eviction", eviction};
+                                     "--reader-threads", std::to_string(readers), "--eviction", eviction,
+                                     "--expert-tiles", tiles};
     const uint64_t tier_slots = static_cast<uint64_t>(host_frac * static_cast<double>(all) + 0.5);
     if (tier_slots > 0) args.insert(args.end(), {"--host-cache", std::to_string(tier_slots * map.slot_bytes())});
     bench::StoreProcess proc;
@@ -254,7 +259,7 @@ Status run_bench(const tools::Args& a) {
     }
     const std::string config = absl::StrCat(label, " experts=", all, " arena=", static_cast<int>(frac * 100 + 0.5), "% slots=",
                                             slots, " prompt=", n_prompt, " decode=", n_decode, " readers=", readers, " eviction=", eviction, " host-cache=", static_cast<int>(host_frac * 100 + 0.5), "%",
-                                            " prefetch=", prefetch ? "on" : "off", " top-quarter share=", top_share,
+                                            " prefetch=", prefetch ? "on" : "off", " tiles=", tiles, " top-quarter share=", top_share,
                                             " reuse=", reuse);
     std::fprintf(stderr, "%s\n", config.c_str());
     RETURN_IF_ERROR(tools::append_bench_rows(
@@ -289,12 +294,12 @@ Status run_bench(const tools::Args& a) {
 int main(int argc, char** argv) {
   std::vector<std::string> v(argv + 1, argv + argc);
   auto a = dsflash::tools::Args::parse(v, {}, {"model", "store-bin", "fractions", "prompt", "decode", "readers", "prefetch",
-                                               "csv", "label", "trace-out", "host-cache", "eviction"});
+                                               "csv", "label", "trace-out", "host-cache", "eviction", "expert-tiles"});
   if (!a.ok() || !a->has("model") || !a->has("store-bin")) {
     std::fprintf(stderr,
                  "usage: expert_stream_bench --model M.gguf --store-bin PATH [--fractions 0.25,0.5,1] [--prompt 64] "
                  "[--decode 256] [--readers 4] [--prefetch on|off] [--host-cache 0] [--eviction lfu] [--trace-out F] [--csv F] "
-                 "[--label L]\n");
+                 "[--label L] [--expert-tiles true|false]\n");
     return 2;
   }
   const dsflash::Status s = dsflash::run_bench(*a);
