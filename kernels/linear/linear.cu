@@ -452,12 +452,11 @@ Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   return cuda::launch(linear_kernel<kType>, lp, p);
 }
 
-
-
 // GGUF rows (src) into the tile order (dst, tiles.h): a 2-byte unit a thread, over every
 // (tile, block) of `rows` rows.
 __global__ void __launch_bounds__(256) to_tiles_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst,
                                                         int64_t rows, int64_t blocks, int block_bytes) {
+  cuda::await_inputs();  // src may be the H2D copy's staging, written by the stream's earlier work
   const int tile = tiles::tile_bytes(block_bytes), units = tile / 2, row_units = block_bytes / 2;
   const int64_t row_bytes = blocks * block_bytes, total = rows / tiles::kRows * blocks * units;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
