@@ -12,6 +12,10 @@ mkdir -p "$OUT"
 scripts/gpu-session.sh
 rc=$?
 if [[ -n ${EXTRA:-} ]]; then
+  # Benchmarks in EXTRA write rows with this build's commit and the machine's name.
+  [[ -f out/gpu/commit ]] && export DSF_COMMIT=${DSF_COMMIT:-$(cat out/gpu/commit)}
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  [[ -n $gpu ]] && export DSF_MACHINE=${DSF_MACHINE:-"$gpu test machine ($(nproc) threads, $(uname -m))"}
   eval "$EXTRA" > "$OUT/extra.txt" 2>&1 || rc=1
   tail -20 "$OUT/extra.txt"
 fi
