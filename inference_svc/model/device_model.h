@@ -231,6 +231,9 @@ class DeviceModel {
   // kernel that reads it takes tiles (kernels::tiles_apply, whole tiles an expert, GGUF-order
   // activations), else as upload.
   StatusOr<kernels::Weight> upload_experts(const kernels::Weight& w);
+  // w reordered into the tile layout on the way (kernels::to_tiles_cuda, whole tiles at a time
+  // through a device scratch); the caller has checked that its readers take tiles.
+  StatusOr<kernels::Weight> upload_tiled(const kernels::Weight& w);
   Status upload_layer(const gguf::Model& file, int l);
   // The pass from token ids (device) to logits (device, rows first..S-1 of `out`).
   Status pass(Call& call, const int64_t* ids, bool all_logits, float* out) const;

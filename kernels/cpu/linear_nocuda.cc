@@ -41,6 +41,7 @@ Status linear_gemm_mma_cuda(const ExecCtx&, const Weight&, const float*, int64_t
 }
 bool tile_layout_exists(const Weight&) { return false; }
 bool tiles_apply(const Weight&) { return false; }
+bool linear_tiles_apply(const Weight&) { return false; }
 Status to_tiles_cuda(const ExecCtx&, const Weight&, uint8_t*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

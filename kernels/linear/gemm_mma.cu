@@ -1,4 +1,4 @@
-// Prefill GEMMs (a call of 16 tokens or more) on the integer tensor cores, at fp32 accuracy: the
+// Prefill GEMMs (a call of 4 tokens or more) on the integer tensor cores, at fp32 accuracy: the
 // decode GEMVs' scheme (gemv_mma.cu) with tokens in pairs on the mma's eight B columns.
 //
 // x is split once a call (split_tokens_kernel, a warp per (token, 256-column block)) into four
@@ -8,7 +8,7 @@
 // memory, and each warp reads its rows' block once and runs the mma per pair of tokens: B's
 // columns 0..3 are the first token's digits, 4..7 the second's, so lane t of the result holds
 // token 2p + t / 2, digits 2 (t % 2) and 2 (t % 2) + 1. The K-quant sub-block scales are applied
-// in int32 (Q4_K) or folded into the codes (Q2_K, Q3_K) as in the GEMVs; the mins (Q3_K: the
+// in int32 (Q4_K, Q6_K) or folded into the codes (Q2_K, Q3_K) as in the GEMVs; the mins (Q3_K: the
 // scale offset) take two more mmas a pair, the low and the high radix-128 digits of the sub-block
 // sums, whose int32 results add to the exact sums. Only the per-block conversion to float, the
 // d / dmin / S products and the fp32 sum over blocks round.
@@ -224,6 +224,46 @@ struct Q3KGemm {
   }
 };
 
+// Q6_K (Q6KRow, mma_common.cuh): one mma.m16n8k16 a sub-block on the codes minus 32, its int32
+// result scaled by the signed scale in int32 (as Q6KBlock in gemv_mma.cu); no mins. kTiled: ba
+// is a (tile, block) of the tile layout, else the GGUF order's half-word pairs.
+template <bool kTiled_>
+struct Q6KGemm {
+  static constexpr bool kTiled = kTiled_;
+  static constexpr int kBytes = kTiled ? tiles::kQ6KTile : tiles::kQ6KBlock, kSub = 16;  // kSub: the split's form
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const int8_t* bq,
+                                             const uint32_t (*)[kMinsWords], const float (*bs)[4], const PairLane& ln,
+                                             float (&acc)[kPairs][2]) {
+    Q6KRow ra, rb;
+    if constexpr (kTiled) {
+      Q6KRow::from_tile(ba, ln.g, ln.t, ra, rb);
+    } else {
+      ra = Q6KRow::load<false>(ba, ln.t), rb = Q6KRow::load<false>(bb, ln.t);
+    }
+    uint32_t ca[16], cb[16];  // A of sub-block s = 8n + 2j + h, rows a and b
+    int sa[16], sb[16];
+#pragma unroll
+    for (int s = 0; s < 16; ++s) {
+      const int n = s / 8, j = (s % 8) / 2, h = s % 2;
+      ca[s] = ra.codes(n, h, j), cb[s] = rb.codes(n, h, j), sa[s] = ra.scale(s), sb[s] = rb.scale(s);
+    }
+#pragma unroll
+    for (int pr = 0; pr < kPairs; ++pr) {
+      const int8_t* xq = bq + (2 * pr + (ln.g >> 2)) * kTokPitch + (ln.g & 3) * kQRow + 4 * ln.t;
+      int v[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int s = 0; s < 16; ++s) {
+        int d[4] = {0, 0, 0, 0};
+        mma_s8_k16(d, ca[s], cb[s], *reinterpret_cast<const uint32_t*>(xq + 16 * s));
+        v[0] += sa[s] * d[0], v[1] += sa[s] * d[1], v[2] += sb[s] * d[2], v[3] += sb[s] * d[3];
+      }
+      const float S = bs[2 * pr + (ln.t >> 1)][0];
+      acc[pr][0] = acc_fma(acc[pr][0], S * ra.d, ln.digits(v[0], v[1]));
+      acc[pr][1] = acc_fma(acc[pr][1], S * rb.d, ln.digits(v[2], v[3]));
+    }
+  }
+};
+
 // 16 bytes from global to shared memory without a register stop (zeros where !valid), and the
 // waits for such copies: all but the latest group, or all.
 __device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
@@ -358,12 +398,14 @@ bool gemm_mma_applies(GgmlType type, const LinearParams& p) {
   if ((p.rows + kRowsG - 1) / kRowsG > 65535) return false;
   const uintptr_t w = reinterpret_cast<uintptr_t>(p.w);
   if (p.tiles) {
-    return (type == GgmlType::kQ2_K || type == GgmlType::kQ3_K) && w % 16 == 0 && p.rows % tiles::kRows == 0;
+    return (type == GgmlType::kQ2_K || type == GgmlType::kQ3_K || type == GgmlType::kQ6_K) && w % 16 == 0 &&
+           p.rows % tiles::kRows == 0;
   }
   switch (type) {
     case GgmlType::kQ4_K: return w % 16 == 0 && p.row_bytes % 16 == 0;
     case GgmlType::kQ2_K: return w % 4 == 0 && p.row_bytes % 4 == 0;
-    case GgmlType::kQ3_K: return w % 2 == 0 && p.row_bytes % 2 == 0;
+    case GgmlType::kQ3_K:
+    case GgmlType::kQ6_K: return w % 2 == 0 && p.row_bytes % 2 == 0;
     default: return false;
   }
 }
@@ -377,6 +419,7 @@ Status launch_gemm_mma(const ExecCtx& ctx, GgmlType type, const LinearParams& p)
   switch (type) {
     case GgmlType::kQ4_K: return run_gemm_mma<Q4KGemm>(p, st);
     case GgmlType::kQ2_K: return p.tiles ? run_gemm_mma<Q2KGemm<true>>(p, st) : run_gemm_mma<Q2KGemm<false>>(p, st);
+    case GgmlType::kQ6_K: return p.tiles ? run_gemm_mma<Q6KGemm<true>>(p, st) : run_gemm_mma<Q6KGemm<false>>(p, st);
     default: return p.tiles ? run_gemm_mma<Q3KGemm<true>>(p, st) : run_gemm_mma<Q3KGemm<false>>(p, st);
   }
 }

@@ -390,58 +390,40 @@ struct Q3KBlock {
   }
 };
 
-// Q6_K (210-byte blocks, 2-byte aligned: ql[128], qh[64], 16 signed 8-bit scales, d). Column
-// 128n + 32j + l has code q = (nibble j / 2 of ql[64n + 32 (j % 2) + l]) | (bits 2j, 2j + 1 of
-// qh[32n + l]) << 4 in sub-block s = 8n + 2j + l / 16, value d sc_s (q - 32). A scale times a
-// code does not fit int8, so each sub-block takes its own mma.m16n8k16 on q - 32 as is (lane t:
-// l = 16h + 4t .. 4t + 3 as k = 4t..) and its int32 result is scaled in int32 (|sum| < 2^27).
-// No mins: the -32 is in the codes.
+// Q6_K (Q6KRow, mma_common.cuh): a scale times a code does not fit int8, so each sub-block
+// takes its own mma.m16n8k16 on q - 32 as is and its int32 result is scaled in int32
+// (|sum| < 2^27). No mins: the -32 is in the codes. kTiled: ba is a (tile, block) of the tile
+// layout (tiles.h): nine loads a lane for both rows against 17 (word loads, even blocks) or 33
+// (half-word pairs, the odd blocks of the 2-byte aligned GGUF rows); the same words, so the
+// same products bit for bit.
+template <bool kTiled_>
 struct Q6KBlock {
-  static constexpr int kBytes = 210, kSub = 0;
-  static constexpr bool kTiled = false;
-  // A row's words lane t multiplies, every one loaded before any is used (12 of codes, 4 of
-  // scales and d): half h of 128-column half n has ql for j = 0, 2 (ql[n][h][0]) and j = 1, 3
-  // (ql[n][h][1]) and qh[n][h].
-  template <bool kAligned>
-  struct Row {
-    __device__ __forceinline__ Row(const uint8_t* blk, int t) {
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int l = 16 * h + 4 * t;
-          ql[n][h][0] = Q3KRow::word_at<kAligned>(blk + 64 * n + l);
-          ql[n][h][1] = Q3KRow::word_at<kAligned>(blk + 64 * n + 32 + l);
-          qh[n][h] = Q3KRow::word_at<kAligned>(blk + 128 + 32 * n + l);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < 4; ++k) sc[k] = Q3KRow::word_at<kAligned>(blk + 192 + 4 * k);
-      d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 208)));
-    }
-    // The A operand of sub-block 8n + 2j + h: the codes minus 32, bytewise.
-    __device__ __forceinline__ uint32_t codes(int n, int h, int j) const {
-      const uint32_t lo = (ql[n][h][j & 1] >> (4 * (j >> 1))) & 0x0f0f0f0fu;
-      return __vsub4(lo | (((qh[n][h] >> (2 * j)) & 0x03030303u) << 4), 0x20202020u);
-    }
-    __device__ __forceinline__ int scale(int s) const { return static_cast<int>(static_cast<int8_t>(byte_of(sc[s / 4], s % 4))); }
-    uint32_t ql[2][2][2], qh[2][2], sc[4];
-    float d;
-  };
-  template <bool kAligned>
-  __device__ __forceinline__ static void add_rows(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+  static constexpr bool kTiled = kTiled_;
+  static constexpr int kBytes = kTiled ? tiles::kQ6KTile : tiles::kQ6KBlock, kSub = 0;
+  __device__ __forceinline__ static void add_pair(const Q6KRow& ra, const Q6KRow& rb, const XDigits& x, int64_t xblk,
                                                   const Lane& ln, float* acc_a, float* acc_b) {
-    const Row<kAligned> ra(ba, ln.t), rb(bb, ln.t);
     int v[4];
     k16_subblocks(ra, rb, x, xblk, ln, v);
     const float S = x.scale[xblk];
     *acc_a = acc_fma(*acc_a, S * ra.d, ln.digits(v[0], v[1]));
     *acc_b = acc_fma(*acc_b, S * rb.d, ln.digits(v[2], v[3]));
   }
-  // Word loads where the blocks are 4-byte aligned, else half-word pairs (add_by_alignment).
+  template <bool kAligned>
+  __device__ __forceinline__ static void add_rows(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                                  const Lane& ln, float* acc_a, float* acc_b) {
+    add_pair(Q6KRow::load<kAligned>(ba, ln.t), Q6KRow::load<kAligned>(bb, ln.t), x, xblk, ln, acc_a, acc_b);
+  }
+  // Tiles: one (tile, block) for both rows. GGUF order: word loads where the blocks are 4-byte
+  // aligned, else half-word pairs (add_by_alignment).
   __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
                                              const Lane& ln, float* acc_a, float* acc_b) {
-    add_by_alignment<Q6KBlock>(ba, bb, x, xblk, ln, acc_a, acc_b);
+    if constexpr (kTiled) {
+      Q6KRow ra, rb;
+      Q6KRow::from_tile(ba, ln.g, ln.t, ra, rb);
+      add_pair(ra, rb, x, xblk, ln, acc_a, acc_b);
+    } else {
+      add_by_alignment<Q6KBlock>(ba, bb, x, xblk, ln, acc_a, acc_b);
+    }
   }
 };
 
@@ -657,7 +639,10 @@ Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearPa
   // runs, 157a826), though each launch alone is slower (wo_b 17.2 against 16.3 us under ncu).
   static const int max_slices = slices_cap("DSF_MMA_Q4K_SLICES");
   const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
-  if (type == quant::GgmlType::kQ6_K) return launch_mma<DenseMma<Q6KBlock>::K>(p[0].rows, b.n_blocks, n, st, b);
+  if (type == quant::GgmlType::kQ6_K) {
+    if (p[0].tiles) return launch_mma<DenseMma<Q6KBlock<true>>::K>(p[0].rows, b.n_blocks, n, st, b);
+    return launch_mma<DenseMma<Q6KBlock<false>>::K>(p[0].rows, b.n_blocks, n, st, b);
+  }
   return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
 }
 

@@ -476,16 +476,28 @@ bool tile_layout_exists(const Weight& w) {
          mma_columns_fit(w.cols);
 }
 
-bool tiles_apply(const Weight& w) {
+namespace {
+
+bool tiles_on() {
   static const bool on = cuda::env_int("DSF_WEIGHT_TILES", 1) != 0 && cuda::env_int("DSF_GEMV_MMA", 2) == 2 &&
                          cuda::env_int("DSF_GEMM_MMA", 1) != 0;
-  return on && w.layout == WeightLayout::kGguf && tile_layout_exists(w);
+  return on;
+}
+
+}  // namespace
+
+bool tiles_apply(const Weight& w) { return tiles_on() && w.layout == WeightLayout::kGguf && tile_layout_exists(w); }
+
+bool linear_tiles_apply(const Weight& w) {
+  const bool q6k = w.type == GgmlType::kQ6_K && w.rows > 0 && w.rows % tiles::kRows == 0 && mma_columns_fit(w.cols);
+  return tiles_on() && w.layout == WeightLayout::kGguf && (q6k || tile_layout_exists(w));
 }
 
 Status to_tiles_cuda(const ExecCtx& ctx, const Weight& w, uint8_t* dst) {
   if (ctx.backend != Backend::kCuda) return absl::InvalidArgumentError("to_tiles_cuda needs a CUDA context");
   const quant::TypeTraits& t = quant::traits(w.type);
-  if ((w.type != GgmlType::kQ2_K && w.type != GgmlType::kQ3_K) || w.layout != WeightLayout::kGguf ||
+  if ((w.type != GgmlType::kQ2_K && w.type != GgmlType::kQ3_K && w.type != GgmlType::kQ6_K) ||
+      w.layout != WeightLayout::kGguf ||
       w.rows % tiles::kRows != 0 || w.cols % 256 != 0 || reinterpret_cast<uintptr_t>(w.data) % 2 != 0 ||
       reinterpret_cast<uintptr_t>(dst) % 16 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("to_tiles_cuda: no tile layout for ", t.name, " rows of ", w.rows,
@@ -513,7 +525,11 @@ Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t 
     return absl::InvalidArgumentError(absl::StrCat("linear_cuda: ", w.cols, " columns are not whole ", t.name, " blocks"));
   }
   const LinearParams p = params_of(w, x, y, n_tok, round);
-  if (p.tiles) {  // the tensor-core GEMM reads tiles at any token count
+  if (p.tiles) {  // the tensor-core GEMM reads tiles at any token count, the Q6_K GEMV at one
+    const bool x16 = reinterpret_cast<uintptr_t>(x) % 16 == 0, w16 = reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+    if (w.type == GgmlType::kQ6_K && n_tok == 1 && x16 && w16 && w.rows % tiles::kRows == 0 && gemv_mma_applies(&p, 1)) {
+      return launch_dense_mma(ctx, w.type, &p, 1);
+    }
     if (gemm_mma_applies(w.type, p)) return launch_gemm_mma(ctx, w.type, p);
     return absl::UnimplementedError(absl::StrCat("linear_cuda: no kernel reads ", t.name, " tiles of ", w.rows, " x ",
                                                  w.cols, " at this alignment (or DSF_GEMM_MMA=0)"));

@@ -17,16 +17,20 @@ Status linear_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t 
 // GGUF rows, ordered so that the tensor-core GEMVs' loads are contiguous 16-byte runs. Every
 // linear above takes such a weight (on the tensor-core kernels; Unimplemented, naming it,
 // where they cannot), the 8-bit-activation GEMVs do not.
-// Whether w's type and shape have a tile layout the kernels read: Q2_K or Q3_K, rows a multiple
-// of 16, columns the tensor-core kernels hold (its layout and data are not looked at).
+// Whether w's type and shape have a tile layout the routed experts' kernels read (and so
+// linear_cuda): Q2_K or Q3_K, rows a multiple of 16, columns the tensor-core kernels hold (its
+// layout and data are not looked at).
 bool tile_layout_exists(const Weight& w);
 // Whether this process stores w (GGUF order) so and reads such weights: tile_layout_exists,
 // and neither DSF_WEIGHT_TILES=0 nor the measurement switches DSF_GEMV_MMA / DSF_GEMM_MMA
 // sending products to kernels that read the GGUF order only.
 bool tiles_apply(const Weight& w);
-// w's rows (device memory, GGUF order, w.rows a multiple of 16) into the tile order at dst
-// (device, w.rows x w.row_bytes bytes, 16-byte aligned, not overlapping w), on ctx's stream.
-// The result is w with data dst and layout kTiles16.
+// As tiles_apply for a weight read by linear_cuda alone (the head): also Q6_K, whose tiles the
+// tensor-core GEMV (one token) and GEMM (more) read; not linear_batch_cuda's or the experts'.
+bool linear_tiles_apply(const Weight& w);
+// w's rows (device memory, GGUF order, Q2_K, Q3_K or Q6_K, w.rows a multiple of 16) into the
+// tile order at dst (device, w.rows x w.row_bytes bytes, 16-byte aligned, not overlapping w),
+// on ctx's stream. The result is w with data dst and layout kTiles16.
 Status to_tiles_cuda(const ExecCtx& ctx, const Weight& w, uint8_t* dst);
 
 // One single-token product y = W x of a batch (the routed experts of a layer at decode).
@@ -84,7 +88,7 @@ Status linear_experts_mma_cuda(const ExecCtx& ctx, const Weight& w, int64_t expe
                                OutRound round = OutRound::kBf16);
 
 // As linear_cuda on the prefill GEMM on the integer tensor cores whatever the token count
-// (linear_cuda takes it from 4 tokens): Q4_K, Q2_K and Q3_K, 16-byte aligned x; else
+// (linear_cuda takes it from 4 tokens): Q4_K, Q2_K, Q3_K and Q6_K, 16-byte aligned x; else
 // Unimplemented naming why.
 Status linear_gemm_mma_cuda(const ExecCtx& ctx, const Weight& w, const float* x, int64_t n_tok, float* y,
                             OutRound round = OutRound::kBf16);

@@ -55,7 +55,7 @@ bool experts_mma_applies(quant::GgmlType type, int64_t rows, int64_t cols, int n
 // holds), whatever DSF_GEMV_MMA says.
 bool mma_columns_fit(int64_t cols);
 
-// Prefill GEMMs of Q4_K, Q2_K and Q3_K on the integer tensor cores at fp32 accuracy
+// Prefill GEMMs of Q4_K, Q2_K, Q3_K and Q6_K on the integer tensor cores at fp32 accuracy
 // (gemm_mma.cu): whether they take p (any number of tokens; 16-byte aligned x, the type's
 // alignment of W; DSF_GEMM_MMA=0 keeps the SIMT GEMM), and the launch.
 bool gemm_mma_applies(quant::GgmlType type, const LinearParams& p);

@@ -298,4 +298,60 @@ struct Q3KRow {
   float d;
 };
 
+// A Q6_K block (210 bytes, 2-byte aligned: ql[128], qh[64], 16 signed 8-bit scales, d) as lane t
+// reads it. Column 128n + 32j + l has code q = (nibble j / 2 of ql[64n + 32 (j % 2) + l]) | (bits
+// 2j, 2j + 1 of qh[32n + l]) << 4 in sub-block s = 8n + 2j + l / 16, value d sc_s (q - 32). Lane
+// t takes l = 16h + 4t .. 4t + 3 (k = 4t.. of sub-block 8n + 2j + h's mma.m16n8k16): ql word
+// (n, h, i) (j = i, i + 2) and qh word (n, h); every word is loaded before any is used.
+struct Q6KRow {
+  // From the GGUF order (kAligned: word loads, else half-word pairs).
+  template <bool kAligned>
+  __device__ __forceinline__ static Q6KRow load(const uint8_t* blk, int t) {
+    Q6KRow r;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int l = 16 * h + 4 * t;
+        r.ql[n][h][0] = Q3KRow::word_at<kAligned>(blk + 64 * n + l);
+        r.ql[n][h][1] = Q3KRow::word_at<kAligned>(blk + 64 * n + 32 + l);
+        r.qh[n][h] = Q3KRow::word_at<kAligned>(blk + 128 + 32 * n + l);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) r.sc[k] = Q3KRow::word_at<kAligned>(blk + 192 + 4 * k);
+    r.d = __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(blk + 208)));
+    return r;
+  }
+  // Rows g (a) and g + 8 (b) from a (tile, block) (tiles.h): nine 16-byte-or-less loads a lane
+  // for both, the same words as load().
+  __device__ __forceinline__ static void from_tile(const uint8_t* tile, int g, int t, Q6KRow& a, Q6KRow& b) {
+    const int lane = 4 * g + t;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 c = *reinterpret_cast<const uint4*>(tile + 512 * (2 * n + h) + 16 * lane);
+        a.ql[n][h][0] = c.x, b.ql[n][h][0] = c.y, a.ql[n][h][1] = c.z, b.ql[n][h][1] = c.w;
+      }
+      const uint4 c = *reinterpret_cast<const uint4*>(tile + 2048 + 512 * n + 16 * lane);
+      a.qh[n][0] = c.x, b.qh[n][0] = c.y, a.qh[n][1] = c.z, b.qh[n][1] = c.w;
+    }
+    const uint4 sa = *reinterpret_cast<const uint4*>(tile + 3072 + 32 * g);
+    const uint4 sb = *reinterpret_cast<const uint4*>(tile + 3072 + 32 * g + 16);
+    a.sc[0] = sa.x, a.sc[1] = sa.y, a.sc[2] = sa.z, a.sc[3] = sa.w;
+    b.sc[0] = sb.x, b.sc[1] = sb.y, b.sc[2] = sb.z, b.sc[3] = sb.w;
+    const uint32_t dd = *reinterpret_cast<const uint32_t*>(tile + 3328 + 4 * g);
+    a.d = half_lo(dd), b.d = half_hi(dd);
+  }
+  // The A operand of sub-block 8n + 2j + h: the codes minus 32, bytewise.
+  __device__ __forceinline__ uint32_t codes(int n, int h, int j) const {
+    const uint32_t lo = (ql[n][h][j & 1] >> (4 * (j >> 1))) & 0x0f0f0f0fu;
+    return __vsub4(lo | (((qh[n][h] >> (2 * j)) & 0x03030303u) << 4), 0x20202020u);
+  }
+  __device__ __forceinline__ int scale(int s) const { return static_cast<int>(static_cast<int8_t>(byte_of(sc[s / 4], s % 4))); }
+  uint32_t ql[2][2][2], qh[2][2], sc[4];
+  float d;
+};
+
 }  // namespace dsflash::kernels::mma

@@ -311,14 +311,14 @@ TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
   }
 }
 
-// The prefill GEMM on the integer tensor cores (Q4_K, Q2_K, Q3_K): fp32 accuracy against the
+// The prefill GEMM on the integer tensor cores (Q4_K, Q2_K, Q3_K, Q6_K): fp32 accuracy against the
 // CPU (NMSE < 1e-8) at token counts that fill 16-token tiles partly (5, 16, 17, 33, 100) and over
 // the split's 1,024-token chunks (1,100), rows that fill 128-row tiles partly, inputs spread
 // over six decades; a NaN in one token's input makes that token's outputs NaN and no other's.
 TEST_P(LinearCuda, TensorCoreGemmKeepsFp32Accuracy) {
   const GgmlType type = GetParam();
-  if (type != GgmlType::kQ4_K && type != GgmlType::kQ2_K && type != GgmlType::kQ3_K) {
-    GTEST_SKIP() << "Q4_K, Q2_K and Q3_K only";
+  if (type != GgmlType::kQ4_K && type != GgmlType::kQ2_K && type != GgmlType::kQ3_K && type != GgmlType::kQ6_K) {
+    GTEST_SKIP() << "Q4_K, Q2_K, Q3_K and Q6_K only";
   }
   struct Shape {
     int64_t K, N, T;
@@ -389,7 +389,7 @@ TEST_P(LinearCuda, TensorCoreGemmRefusesWhatItCannotTake) {
   float* dx = to_device(std::vector<float>(K * T + 4, 0.0f));
   float* dy = to_device(std::vector<float>(N * T, 0.0f));
   const ExecCtx ctx{Backend::kCuda, nullptr};
-  const bool has = type == GgmlType::kQ4_K || type == GgmlType::kQ2_K || type == GgmlType::kQ3_K;
+  const bool has = type == GgmlType::kQ4_K || type == GgmlType::kQ2_K || type == GgmlType::kQ3_K || type == GgmlType::kQ6_K;
   const Status aligned = linear_gemm_mma_cuda(ctx, Weight{type, K, N, dw, rb}, dx, T, dy);
   EXPECT_EQ(aligned.ok(), has) << aligned;
   const Status odd_x = linear_gemm_mma_cuda(ctx, Weight{type, K, N, dw, rb}, dx + 1, T, dy);  // x 4-byte aligned only
@@ -542,11 +542,13 @@ TEST_P(LinearCuda, ExpertGateAndUpMatchCpu) {
 
 // The tile layout (linear/tiles.h): the device repack equals the CPU's byte for byte, and every
 // linear on the tiles gives bit for bit what it gives on the GGUF rows: the expert GEMVs (one x,
-// x per product, gate and up in one launch) and the GEMM at 1 to 40 tokens. The readers that
-// cannot take tiles refuse them, naming them.
+// x per product, gate and up in one launch; Q2_K, Q3_K), the one-token GEMV of linear_cuda
+// (Q6_K, the head's) and the GEMM at 1 to 40 tokens. The readers that cannot take tiles refuse
+// them, naming them.
 TEST_P(LinearCuda, TileLayoutGivesTheGgufProductsBitForBit) {
   const GgmlType type = GetParam();
-  if (!tiles_apply(Weight{type, 256, 16, nullptr, 0})) GTEST_SKIP() << "no tile layout for this type";
+  if (!linear_tiles_apply(Weight{type, 256, 16, nullptr, 0})) GTEST_SKIP() << "no tile layout for this type";
+  const bool experts = tiles_apply(Weight{type, 256, 16, nullptr, 0});
   const std::pair<int64_t, int64_t> shapes[] = {{256, 16}, {5120, 2304}, {2304, 5120}, {1280, 48}};
   for (const auto& [K, N] : shapes) {
     const int64_t E = 3;
@@ -572,7 +574,7 @@ TEST_P(LinearCuda, TileLayoutGivesTheGgufProductsBitForBit) {
     ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
     const ExecCtx ctx{Backend::kCuda, s};
     const Weight gguf{type, K, N * E, dw, rb};
-    ASSERT_TRUE(tiles_apply(gguf));
+    ASSERT_TRUE(linear_tiles_apply(gguf));
     ASSERT_TRUE(to_tiles_cuda(ctx, gguf, dt).ok());
     ASSERT_EQ(cudaMemcpyAsync(got.data(), dt, got.size(), cudaMemcpyDeviceToHost, s), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -587,19 +589,33 @@ TEST_P(LinearCuda, TileLayoutGivesTheGgufProductsBitForBit) {
       EXPECT_EQ(std::memcmp(a.data(), b.data(), count * 4), 0) << what << " K=" << K << " N=" << N;
       EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); })) << what;
     };
-    for (const bool one_x : {true, false}) {
-      ASSERT_TRUE(linear_experts_mma_cuda(ctx, plain, eb, di, n, dx, one_x ? 0 : K, dy, N, OutRound::kF32).ok());
-      ASSERT_TRUE(linear_experts_cuda(ctx, tiled, eb, di, n, dx, one_x ? 0 : K, dz, N, OutRound::kF32).ok());
-      same(N * n, one_x ? "experts, one x" : "experts, an x each");
+    if (experts) {
+      for (const bool one_x : {true, false}) {
+        ASSERT_TRUE(linear_experts_mma_cuda(ctx, plain, eb, di, n, dx, one_x ? 0 : K, dy, N, OutRound::kF32).ok());
+        ASSERT_TRUE(linear_experts_cuda(ctx, tiled, eb, di, n, dx, one_x ? 0 : K, dz, N, OutRound::kF32).ok());
+        same(N * n, one_x ? "experts, one x" : "experts, an x each");
+      }
+      // Gate and up (here the same weight twice) in one launch.
+      ASSERT_TRUE(linear_experts_gate_up_cuda(ctx, plain, eb, plain, eb, di, n, dx, dy, dy + N * n, N).ok());
+      ASSERT_TRUE(linear_experts_gate_up_cuda(ctx, tiled, eb, tiled, eb, di, n, dx, dz, dz + N * n, N).ok());
+      same(2 * N * n, "gate and up");
+    } else {
+      const Status ex = linear_experts_cuda(ctx, tiled, eb, di, n, dx, 0, dz, N, OutRound::kF32);
+      EXPECT_EQ(ex.code(), absl::StatusCode::kUnimplemented) << ex;
+      EXPECT_NE(ex.message().find("tiles"), std::string_view::npos) << ex;
+      // One token through linear_cuda: the tensor-core GEMV on either order, over all E x N rows.
+      ASSERT_TRUE(linear_cuda(ctx, gguf, dx, 1, dy, OutRound::kF32).ok());
+      ASSERT_TRUE(linear_cuda(ctx, Weight{type, K, N * E, dt, rb, WeightLayout::kTiles16}, dx, 1, dz, OutRound::kF32).ok());
+      same(N * E, "one-token GEMV");
     }
-    // Gate and up (here the same weight twice) in one launch.
-    ASSERT_TRUE(linear_experts_gate_up_cuda(ctx, plain, eb, plain, eb, di, n, dx, dy, dy + N * n, N).ok());
-    ASSERT_TRUE(linear_experts_gate_up_cuda(ctx, tiled, eb, tiled, eb, di, n, dx, dz, dz + N * n, N).ok());
-    same(2 * N * n, "gate and up");
     for (const int64_t T : {1, 3, 40}) {
       ASSERT_TRUE(linear_gemm_mma_cuda(ctx, plain, dx, T, dy, OutRound::kF32).ok());
-      ASSERT_TRUE(linear_cuda(ctx, tiled, dx, T, dz, OutRound::kF32).ok());
+      ASSERT_TRUE(linear_gemm_mma_cuda(ctx, tiled, dx, T, dz, OutRound::kF32).ok());
       same(N * T, "GEMM");
+      if (T > 1) {
+        ASSERT_TRUE(linear_cuda(ctx, tiled, dx, T, dz, OutRound::kF32).ok());
+        same(N * T, "linear_cuda's GEMM");
+      }
     }
     const ActQ8 none{};
     const Status q8 = linear_experts_q8_cuda(ctx, tiled, eb, di, n, none, true, dy, N);

@@ -1,4 +1,4 @@
-// The tile layout of Q2_K and Q3_K weights (kernels/linear/tiles.h, the map the CUDA readers and
+// The tile layout of Q2_K, Q3_K and Q6_K weights (kernels/linear/tiles.h, the map the CUDA readers and
 // the repack kernel use): each (row, byte) of a tile's 16 blocks has its own place and every
 // place is taken, a matrix goes to tiles and back unchanged, tiles keep their rows' byte range,
 // and what a lane reads at the documented offsets is the bytes its GGUF reader took.
@@ -14,7 +14,7 @@ namespace dsflash::kernels {
 namespace {
 
 TEST(Tiles, EachTypeMapsItsBlocksOntoTheTileOneToOne) {
-  for (const int block : {tiles::kQ2KBlock, tiles::kQ3KBlock}) {
+  for (const int block : {tiles::kQ2KBlock, tiles::kQ3KBlock, tiles::kQ6KBlock}) {
     const int tile = tiles::tile_bytes(block);
     ASSERT_EQ(tile, 16 * block);
     ASSERT_EQ(tile % 16, 0);
@@ -34,7 +34,7 @@ TEST(Tiles, EachTypeMapsItsBlocksOntoTheTileOneToOne) {
 
 TEST(Tiles, RepackRoundTripsAndKeepsEachTilesRows) {
   std::mt19937 rng(5);
-  for (const int block : {tiles::kQ2KBlock, tiles::kQ3KBlock}) {
+  for (const int block : {tiles::kQ2KBlock, tiles::kQ3KBlock, tiles::kQ6KBlock}) {
     const int64_t rows = 48, blocks = 3, row_bytes = blocks * block;
     std::vector<uint8_t> src(rows * row_bytes), tiled(src.size()), back(src.size());
     for (uint8_t& b : src) b = static_cast<uint8_t>(rng());
@@ -56,10 +56,11 @@ uint32_t word(const uint8_t* p) {
 }
 
 // Lane (g, t)'s loads from a (tile, block) against the words of rows g and g + 8 in GGUF order
-// that the GGUF readers take (mma_common.cuh's Q2KRows, gemv_mma.cu's Q3KBlock::Row).
+// that the GGUF readers take (mma_common.cuh's Q2KRows, gemv_mma.cu's Q3KBlock::Row and
+// Q6KBlock::Row).
 TEST(Tiles, LanesFindTheirGgufWordsWhereTheReadersLoadThem) {
   std::mt19937 rng(9);
-  for (const int block : {tiles::kQ2KBlock, tiles::kQ3KBlock}) {
+  for (const int block : {tiles::kQ2KBlock, tiles::kQ3KBlock, tiles::kQ6KBlock}) {
     std::vector<uint8_t> src(16 * block), tile(src.size());
     for (uint8_t& b : src) b = static_cast<uint8_t>(rng());
     tiles::repack(block, 16, 1, src.data(), tile.data());
@@ -79,6 +80,23 @@ TEST(Tiles, LanesFindTheirGgufWordsWhereTheReadersLoadThem) {
           EXPECT_EQ(word(tl + 1024 + 8 * lane + 4), word(b + 4 * t));
           EXPECT_EQ(word(tl + 1280 + 8 * g), word(a + 80));
           EXPECT_EQ(word(tl + 1280 + 8 * g + 4), word(b + 80));
+        } else if (block == tiles::kQ6KBlock) {
+          for (int n = 0; n < 2; ++n) {
+            for (int h = 0; h < 2; ++h) {
+              for (int i = 0; i < 2; ++i) {  // ql word (n, h, i)
+                const int w = 64 * n + 32 * i + 16 * h + 4 * t;
+                EXPECT_EQ(word(tl + 512 * (2 * n + h) + 16 * lane + 8 * i), word(a + w));
+                EXPECT_EQ(word(tl + 512 * (2 * n + h) + 16 * lane + 8 * i + 4), word(b + w));
+              }
+              const int w = 128 + 32 * n + 16 * h + 4 * t;  // qh word (n, h)
+              EXPECT_EQ(word(tl + 2048 + 512 * n + 16 * lane + 8 * h), word(a + w));
+              EXPECT_EQ(word(tl + 2048 + 512 * n + 16 * lane + 8 * h + 4), word(b + w));
+            }
+          }
+          EXPECT_EQ(std::memcmp(tl + 3072 + 32 * g, a + 192, 16), 0);
+          EXPECT_EQ(std::memcmp(tl + 3072 + 32 * g + 16, b + 192, 16), 0);
+          EXPECT_EQ(std::memcmp(tl + 3328 + 4 * g, a + 208, 2), 0);
+          EXPECT_EQ(std::memcmp(tl + 3328 + 4 * g + 2, b + 208, 2), 0);
         } else {
           for (int n = 0; n < 2; ++n) {
             for (int h = 0; h < 2; ++h) {
