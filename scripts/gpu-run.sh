@@ -38,6 +38,15 @@ for t in model_ops_cuda golden_cuda; do
   fi
   tail -3 "$logs/${t}_test_attn_split.log"
 done
+# The golden model with every index source scoring and selecting (ctest's *_indexer_full).
+if [[ -x out/gpu/bin/golden_cuda_test && ( -z ${DSF_TESTS:-} || golden_cuda == "${DSF_TESTS}" ) ]]; then
+  if DSF_INDEXER_EVERY_KEY=0 out/gpu/bin/golden_cuda_test > "$logs/golden_cuda_test_indexer_full.log" 2>&1; then
+    echo "PASS golden_cuda_test (DSF_INDEXER_EVERY_KEY=0)"
+  else
+    echo "FAIL golden_cuda_test (DSF_INDEXER_EVERY_KEY=0)"; rc=1
+  fi
+  tail -3 "$logs/golden_cuda_test_indexer_full.log"
+fi
 [[ ${DSF_SKIP_BENCH:-0} == 1 ]] && exit $rc
 # Benchmarks (not tests): rows for bench/results.csv.
 out/gpu/bin/linear_cuda_bench "$logs/bench.csv" "$(cat out/gpu/commit)" | tee "$logs/bench.log"

@@ -2,7 +2,9 @@
 // the compressor and the indexer of source layers, sparse attention over [window rows ;
 // compressed cache] and the grouped low-rank output.
 #include <cmath>
+#include <cstdlib>
 #include <optional>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "inference_svc/model/device_model.h"
@@ -25,6 +27,16 @@ Status append_rows(DeviceModel::Call& call, DevRows& rows, int r, const float* s
   call.appends->push_back({&rows, n});
   return kernels::attn::ring_write_cuda(call.ctx, src, call.new_row(r, rows.rows), n, rows.buf.size() / rows.width,
                                         rows.width, rows.buf.get());
+}
+
+// DSF_INDEXER_EVERY_KEY=0 (measurement, tests): score and select even where the top-k takes
+// every key.
+bool every_key_shortcut() {
+  static const bool on = [] {
+    const char* e = std::getenv("DSF_INDEXER_EVERY_KEY");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  return on;
 }
 }  // namespace
 
@@ -89,6 +101,16 @@ Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr, 
   }
   const DevRows& keys = call.seq.layers[L.kv_source].index_k;
   const int64_t n_keys = call.n_keys(r);
+  // Top-k of every key (index_topk at least the keys: contexts up to index_topk x ratio
+  // tokens) is every key in index order, whatever the scores: a layer that publishes no
+  // candidate mask then needs neither its queries nor their scores, and none takes the top-k.
+  const int64_t k_sel = std::min<int64_t>(cfg_.index_topk, n_keys);
+  const bool every_key = k_sel == n_keys && every_key_shortcut();
+  if (every_key && !L.is_candidate_source) {
+    ASSIGN_OR_RETURN(call.topk, DevBuf<int32_t>::make(ctx, S * k_sel));
+    call.topk_width = k_sel;
+    return kernels::attn::publish_topk_cuda(ctx, nullptr, S, k_sel, call.pos(), r, call.n_win, call.topk.get(), k_sel);
+  }
   ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * Hi * Di));
   RETURN_IF_ERROR(dev_linear(ctx, w.idx_wq_b, qr, S, q.get()));
   RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(dims), q.get(), S * Hi, Di, call.pos(), Hi));
@@ -108,9 +130,11 @@ Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr, 
   } else if (L.uses_candidates) {
     RETURN_IF_ERROR(kernels::attn::mask_candidates_cuda(ctx, score.get(), call.cand.get(), S, n_keys, call.cand_width));
   }
-  const int64_t k_sel = std::min<int64_t>(cfg_.index_topk, n_keys);
-  ASSIGN_OR_RETURN(auto top, DevBuf<int32_t>::make(ctx, S * k_sel));
-  RETURN_IF_ERROR(kernels::attn::topk_cuda(ctx, score.get(), S, n_keys, k_sel, top.get()));
+  DevBuf<int32_t> top;
+  if (!every_key) {
+    ASSIGN_OR_RETURN(top, DevBuf<int32_t>::make(ctx, S * k_sel));
+    RETURN_IF_ERROR(kernels::attn::topk_cuda(ctx, score.get(), S, n_keys, k_sel, top.get()));
+  }
   ASSIGN_OR_RETURN(call.topk, DevBuf<int32_t>::make(ctx, S * k_sel));
   call.topk_width = k_sel;
   return kernels::attn::publish_topk_cuda(ctx, top.get(), S, k_sel, call.pos(), r, call.n_win, call.topk.get(), k_sel);

@@ -79,7 +79,8 @@ Status ring_write_cuda(const ExecCtx& ctx, const float* kv, DevScalar pos0, int6
 // ring_write_cuda of the result.
 Status kv_rows_cuda(const ExecCtx& ctx, float* kv, int64_t S, int64_t Dh, const float* norm_w, float eps,
                     const float* freqs, int dims, DevScalar pos0, float* ring, int64_t W);
-// out[t][i] (row stride ld) = top[t][i] < (pos0 + t + 1) / ratio ? top[t][i] + n_win : -1.
+// out[t][i] (row stride ld) = top[t][i] < (pos0 + t + 1) / ratio ? top[t][i] + n_win : -1; top
+// null stands for i (the top-k of k keys: every key in index order).
 Status publish_topk_cuda(const ExecCtx& ctx, const int32_t* top, int64_t S, int64_t k, DevScalar pos0, int ratio,
                          int64_t n_win, int32_t* out, int64_t ld);
 // score[t][j] = -inf where !cand[t][j] (score [S][n], cand [S][cand_ld]).

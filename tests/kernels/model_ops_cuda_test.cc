@@ -363,6 +363,26 @@ TEST_F(ModelOpsCuda, TopkAndCandidateMasksAreIdentical) {
     }
   }
   EXPECT_FALSE(attn::topk_cuda(ctx(), nullptr, 1, 4, 5, nullptr).ok());
+  // The top-k of every key is every key in index order, whatever the scores: publish_topk with
+  // no list (the model's shortcut where index_topk covers the keys) gives what it gives on
+  // topk_cuda's list.
+  for (int64_t n : {1, 31, 257}) {
+    const int64_t S = 3, pos0 = std::max<int64_t>(0, 2 * n - 3), n_win = 5, ld = n + 2;  // the last key not yet visible to t = 0
+    std::vector<float> v = bf16_normal(rng, S * n);
+    v[0] = -INFINITY;
+    int32_t* top = dev(std::vector<int32_t>(static_cast<size_t>(S * n), -7));
+    ASSERT_TRUE(attn::topk_cuda(ctx(), dev(v), S, n, n, top).ok());
+    int32_t* a = dev(std::vector<int32_t>(static_cast<size_t>(S * ld), -9));
+    int32_t* b = dev(std::vector<int32_t>(static_cast<size_t>(S * ld), -9));
+    ASSERT_TRUE(attn::publish_topk_cuda(ctx(), top, S, n, pos0, 2, n_win, a, ld).ok());
+    ASSERT_TRUE(attn::publish_topk_cuda(ctx(), nullptr, S, n, pos0, 2, n_win, b, ld).ok());
+    sync();
+    const std::vector<int32_t> with_list = copy_back(a, static_cast<size_t>(S * ld));
+    EXPECT_EQ(with_list, copy_back(b, static_cast<size_t>(S * ld))) << "n=" << n;
+    if (n > 1) {
+      EXPECT_EQ(with_list[0], n_win) << "n=" << n;  // key 0 (-inf) is still listed
+    }
+  }
   struct Shape {
     int64_t S, n, pos0;
     int ratio;
