@@ -165,28 +165,13 @@ __global__ void index_scores_kernel(const float* __restrict__ q, int Hi, int64_t
   const float* kj = keys + j * Di;
   const float* qt = q + t * Hi * Di;
   const float* wt = w + t * Hi;
-  // Heads four at a time: their loads and reductions are independent (one head after another
-  // left each head's loads waiting on the previous head's shuffles); each head's dot and the
-  // sum over heads keep their order.
-  constexpr int kHeads = 4;
   float sum = 0.0f;
-  for (int h0 = 0; h0 < Hi; h0 += kHeads) {
-    float dot[kHeads];
-#pragma unroll
-    for (int i = 0; i < kHeads; ++i) {
-      dot[i] = 0.0f;
-      if (h0 + i < Hi) {
-        for (int64_t d = lane; d < Di; d += 32) dot[i] = fmaf(qt[(h0 + i) * Di + d], kj[d], dot[i]);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kHeads; ++i) dot[i] = cuda::warp_sum(dot[i]);
-#pragma unroll
-    for (int i = 0; i < kHeads; ++i) {
-      if (h0 + i >= Hi) break;
-      const float relu = fmaxf(round_bf16(dot[i]), 0.0f);
-      sum = __fadd_rn(sum, round_bf16(__fmul_rn(relu, round_bf16(__fmul_rn(wt[h0 + i], w_scale)))));
-    }
+  for (int h = 0; h < Hi; ++h) {
+    float dot = 0.0f;
+    for (int64_t d = lane; d < Di; d += 32) dot = fmaf(qt[h * Di + d], kj[d], dot);
+    dot = cuda::warp_sum(dot);
+    const float relu = fmaxf(round_bf16(dot), 0.0f);
+    sum = __fadd_rn(sum, round_bf16(__fmul_rn(relu, round_bf16(__fmul_rn(wt[h], w_scale)))));
   }
   if (lane == 0) *out = round_bf16(sum);
 }
