@@ -1,5 +1,4 @@
 // Attention kernels (see attn_cuda.h).
-#include <cub/block/block_scan.cuh>
 
 #include "kernels/attn/attn_cuda.h"
 #include "kernels/attn/attn_args.cuh"
@@ -145,94 +144,6 @@ __global__ void pool_kernel(const float* __restrict__ k, const float* __restrict
   latent[i] = round_bf16(acc);
 }
 
-constexpr int kScoreWarps = 8;
-
-// grid (ceil(n_keys / 8), S): one key per warp, the heads in order.
-__global__ void index_scores_kernel(const float* __restrict__ q, int Hi, int64_t Di, const float* __restrict__ keys,
-                                    int64_t n_keys, const float* __restrict__ w, float w_scale, int64_t pos0_value,
-                                    const int64_t* pos0_dev, int ratio, float* __restrict__ score) {
-  cuda::await_inputs();
-  const int lane = threadIdx.x & 31;
-  const int64_t j = static_cast<int64_t>(blockIdx.x) * kScoreWarps + (threadIdx.x >> 5);
-  const int64_t t = blockIdx.y;
-  if (j >= n_keys) return;
-  const int64_t visible = (cuda::scalar_value(pos0_value, pos0_dev) + t + 1) / ratio;
-  float* out = score + t * n_keys + j;
-  if (j >= visible) {
-    if (lane == 0) *out = -INFINITY;
-    return;
-  }
-  const float* kj = keys + j * Di;
-  const float* qt = q + t * Hi * Di;
-  const float* wt = w + t * Hi;
-  float sum = 0.0f;
-  for (int h = 0; h < Hi; ++h) {
-    float dot = 0.0f;
-    for (int64_t d = lane; d < Di; d += 32) dot = fmaf(qt[h * Di + d], kj[d], dot);
-    dot = cuda::warp_sum(dot);
-    const float relu = fmaxf(round_bf16(dot), 0.0f);
-    sum = __fadd_rn(sum, round_bf16(__fmul_rn(relu, round_bf16(__fmul_rn(wt[h], w_scale)))));
-  }
-  if (lane == 0) *out = round_bf16(sum);
-}
-
-constexpr int kTopkThreads = 256;
-
-// One row per block. Radix selection of the k-th largest key, 8 bits per pass from the top;
-// then every key above it and the first `need` keys equal to it (lowest indices) are written
-// in index order through two block scans per tile.
-__global__ void topk_kernel(const float* __restrict__ v, int64_t n, int64_t k, int32_t* __restrict__ out) {
-  cuda::await_inputs();
-  using Scan = cub::BlockScan<int, kTopkThreads>;
-  __shared__ typename Scan::TempStorage scan_tmp;
-  __shared__ uint32_t hist[256];
-  __shared__ uint32_t s_prefix, s_need;
-  const float* row = v + static_cast<int64_t>(blockIdx.x) * n;
-  int32_t* dst = out + static_cast<int64_t>(blockIdx.x) * k;
-  uint32_t prefix = 0, mask = 0;
-  if (threadIdx.x == 0) s_need = static_cast<uint32_t>(k);
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += kTopkThreads) hist[i] = 0;
-    __syncthreads();
-    for (int64_t i = threadIdx.x; i < n; i += kTopkThreads) {
-      const uint32_t key = cuda::ordered_key(row[i]);
-      if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      uint32_t need = s_need;
-      for (int b = 255; b >= 0; --b) {
-        if (hist[b] >= need) {
-          s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-          break;
-        }
-        need -= hist[b];
-      }
-      s_need = need;
-    }
-    __syncthreads();
-    prefix = s_prefix;
-    mask |= 0xffu << shift;
-  }
-  const uint32_t thr = prefix;
-  const int need = static_cast<int>(s_need);
-  int base = 0, eq_base = 0;
-  for (int64_t i0 = 0; i0 < n && base < k; i0 += kTopkThreads) {
-    const int64_t i = i0 + threadIdx.x;
-    const uint32_t key = i < n ? cuda::ordered_key(row[i]) : 0u;
-    const int eq = i < n && key == thr;
-    int eq_rank, eq_total, pos, total;
-    Scan(scan_tmp).ExclusiveSum(eq, eq_rank, eq_total);
-    __syncthreads();
-    const int take = i < n && (key > thr || (eq && eq_base + eq_rank < need));
-    Scan(scan_tmp).ExclusiveSum(take, pos, total);
-    __syncthreads();
-    if (take) dst[base + pos] = static_cast<int32_t>(i);
-    base += total;
-    eq_base += eq_total;
-  }
-}
-
 // bs[t][b] = max of score[t] over block b (-inf padded); the block of position
 // compress_len - 1 pinned to +inf.
 __global__ void block_max_kernel(const float* __restrict__ score, int64_t n, int64_t nb, int64_t block,
@@ -373,23 +284,6 @@ Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, in
 Status pool_cuda(const ExecCtx& ctx, const float* k, const float* s, int64_t groups, int r, int64_t n, float* latent) {
   if (groups <= 0 || n <= 0) return absl::OkStatus();
   return cuda::launch(pool_kernel, flat(ctx, groups * n), k, s, groups, r, n, latent);
-}
-
-Status index_scores_cuda(const ExecCtx& ctx, const float* q, int64_t S, int Hi, int64_t Di, const float* keys,
-                         int64_t n_keys, const float* w, float w_scale, DevScalar pos0, int ratio, float* score) {
-  if (S <= 0 || n_keys <= 0) return absl::OkStatus();
-  if (ratio <= 0) return absl::InvalidArgumentError(absl::StrCat("index_scores_cuda: ratio ", ratio));
-  const dim3 grid(static_cast<unsigned>((n_keys + kScoreWarps - 1) / kScoreWarps), static_cast<unsigned>(S));
-  return cuda::launch(index_scores_kernel, cuda::LaunchParams{grid, dim3(kScoreWarps * 32), 0, stream_of(ctx)}, q, Hi,
-                      Di, keys, n_keys, w, w_scale, pos0.value, pos0.dev, ratio, score);
-}
-
-Status topk_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, int64_t k, int32_t* out) {
-  if (rows <= 0) return absl::OkStatus();
-  if (k <= 0 || k > n) return absl::InvalidArgumentError(absl::StrCat("topk_cuda: k ", k, " of ", n));
-  return cuda::launch(topk_kernel,
-                      cuda::LaunchParams{dim3(static_cast<unsigned>(rows)), dim3(kTopkThreads), 0, stream_of(ctx)}, v,
-                      n, k, out);
 }
 
 Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, int64_t n, DevScalar pos0, int ratio,

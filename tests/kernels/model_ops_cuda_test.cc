@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -320,8 +322,10 @@ TEST_F(ModelOpsCuda, PoolAndIndexScoresMatchCpu) {
     int64_t Di, n_keys, pos0;
     int ratio;
   };
+  size_t folded = 0;
   for (const Shape& sh : {Shape{1, 1, 17, 1, 0, 1}, Shape{3, 4, 31, 40, 37, 1}, Shape{5, 32, 128, 257, 510, 2},
-                          Shape{1, 32, 128, 4096, 4095, 1}, Shape{17, 8, 64, 33, 16, 1}}) {
+                          Shape{1, 32, 128, 4096, 4095, 1}, Shape{17, 8, 64, 33, 16, 1}, Shape{2, 64, 128, 1000, 1500, 2},
+                          Shape{3, 4, 64, 70, 100, 1}, Shape{1, 12, 32, 9, 20, 1}, Shape{2, 8, 256, 50, 60, 1}}) {
     const std::vector<float> q = bf16_normal(rng, sh.S * sh.Hi * sh.Di), keys = bf16_normal(rng, sh.n_keys * sh.Di);
     const std::vector<float> w = bf16_normal(rng, sh.S * sh.Hi, 0.1f);
     std::vector<float> want(static_cast<size_t>(sh.S * sh.n_keys)), ws(w.size());
@@ -334,8 +338,21 @@ TEST_F(ModelOpsCuda, PoolAndIndexScoresMatchCpu) {
     float* d = dev(nan_vec(want.size()));
     ASSERT_TRUE(attn::index_scores_cuda(ctx(), dev(q), sh.S, sh.Hi, sh.Di, dev(keys), sh.n_keys, dev(w), w_scale, sh.pos0, sh.ratio, d).ok());
     sync();
-    scores.add(want, to_host(d, want.size()), "index_scores");
+    const std::vector<float> got = to_host(d, want.size());
+    scores.add(want, got, "index_scores");
+    // Di a multiple of 32 up to 256 takes the four-keys kernel, whose dots fold across the warp
+    // by warp_sum's xor tree: the same scores bit for bit as the one-key kernel.
+    setenv("DSF_INDEX_FOLD", "0", 1);
+    float* d1 = dev(nan_vec(want.size()));
+    const bool ok = attn::index_scores_cuda(ctx(), dev(q), sh.S, sh.Hi, sh.Di, dev(keys), sh.n_keys, dev(w), w_scale, sh.pos0, sh.ratio, d1).ok();
+    unsetenv("DSF_INDEX_FOLD");
+    ASSERT_TRUE(ok);
+    sync();
+    const std::vector<float> one_key = to_host(d1, want.size());
+    ASSERT_EQ(0, std::memcmp(got.data(), one_key.data(), got.size() * sizeof(float))) << "Hi " << sh.Hi << " Di " << sh.Di;
+    folded += sh.Di % 32 == 0 && sh.Di <= 256;
   }
+  EXPECT_EQ(folded, 7u);
   scores.check("index_scores");
 }
 
@@ -360,6 +377,21 @@ TEST_F(ModelOpsCuda, TopkAndCandidateMasksAreIdentical) {
         ASSERT_EQ(want, std::vector<int32_t>(got.begin() + r * k, got.begin() + (r + 1) * k)) << "n=" << n << " k=" << k;
         ++rows_checked;
       }
+    }
+  }
+  // A graph's scores: the keys beyond the position are -inf (every one in the same radix bin),
+  // the k-th largest inside the visible keys, on the boundary, or among the -inf keys.
+  for (int64_t visible : {int64_t{0}, int64_t{3}, int64_t{700}, int64_t{2048}, int64_t{5000}}) {
+    const int64_t n = 8192;
+    std::vector<float> v = bf16_normal(rng, n);
+    for (int64_t i = visible; i < n; ++i) v[i] = -INFINITY;
+    for (int64_t i = 0; i < visible; i += 7) v[i] = 0.0f;  // ties, as relu'd scores give
+    for (int64_t k : {int64_t{1}, int64_t{512}, int64_t{2048}, int64_t{6000}}) {
+      int32_t* d = dev(std::vector<int32_t>(static_cast<size_t>(k), -7));
+      ASSERT_TRUE(attn::topk_cuda(ctx(), dev(v), 1, n, k, d).ok());
+      sync();
+      ASSERT_EQ(attn::topk_ascending(v.data(), n, k), copy_back(d, static_cast<size_t>(k))) << "visible " << visible << " k " << k;
+      ++rows_checked;
     }
   }
   EXPECT_FALSE(attn::topk_cuda(ctx(), nullptr, 1, 4, 5, nullptr).ok());
