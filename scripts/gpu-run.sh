@@ -38,6 +38,17 @@ for t in model_ops_cuda golden_cuda; do
   fi
   tail -3 "$logs/${t}_test_attn_split.log"
 done
+# The sparse attention tests on the tensor-core kernel in the portable cluster of 8 (ctest's
+# *_portable_cluster; by default the H200 takes clusters of up to 16).
+if [[ -x out/gpu/bin/model_ops_cuda_test && ( -z ${DSF_TESTS:-} || model_ops_cuda == "${DSF_TESTS}" ) ]]; then
+  if DSF_ATTN_TC_CLUSTER=8 out/gpu/bin/model_ops_cuda_test --gtest_filter='*Sparse*:*Rope*:*Window*' \
+    > "$logs/model_ops_cuda_test_portable_cluster.log" 2>&1; then
+    echo "PASS model_ops_cuda_test (DSF_ATTN_TC_CLUSTER=8)"
+  else
+    echo "FAIL model_ops_cuda_test (DSF_ATTN_TC_CLUSTER=8)"; rc=1
+  fi
+  tail -3 "$logs/model_ops_cuda_test_portable_cluster.log"
+fi
 # The golden model with every index source scoring and selecting (ctest's *_indexer_full).
 if [[ -x out/gpu/bin/golden_cuda_test && ( -z ${DSF_TESTS:-} || golden_cuda == "${DSF_TESTS}" ) ]]; then
   if DSF_INDEXER_EVERY_KEY=0 out/gpu/bin/golden_cuda_test > "$logs/golden_cuda_test_indexer_full.log" 2>&1; then

@@ -5,7 +5,8 @@
 // rounded as the reference does), so each product is exact and only the order of the fp32 sums
 // differs from the split kernels' (sparse_split.cu): the value sums' within a chunk too.
 //
-// One cluster of kHeadsTc heads: a CTA per chunk, two a CTA past 8 chunks (at most 16). Each CTA
+// One cluster of kHeadsTc heads: a CTA per chunk (up to 16 where the device grants clusters of
+// 16, a non-portable size: the H200 does), else two a CTA past 8 chunks (at most 16). Each CTA
 // gathers its chunks' rows into shared memory as bf16, takes the logits of its heads, exchanges
 // its chunks' maxima over distributed shared memory for the running max of the chunks up to each
 // (the reference's chunk loop), forms p, their entry-order sum and bf16 p, and its value sums
@@ -31,8 +32,10 @@ constexpr int kHeadsTc = 16;          // heads a CTA takes: one m16 tile
 constexpr int kWarpsTc = 8;           // logits: a warp per 8 entries; values: a warp per Dh / 8 dims
 constexpr int kThreadsTc = kWarpsTc * 32;
 constexpr int kMaxCluster = 8;        // CTAs a cluster: a portable one
+constexpr int kWideCluster = 16;      // and a non-portable one, where the device grants it
 constexpr int kChunksCta = 2;         // chunks a CTA takes at most (lists of up to 16 chunks)
 constexpr int kMaxChunks = kMaxCluster * kChunksCta;
+static_assert(kWideCluster == kMaxChunks, "a wide cluster takes a chunk a CTA");
 constexpr int kRopeTc = kChunkTc;     // RoPE dims it takes: a head's fit a logit row
 // Head dims it takes: the model's 512 and the golden model's 64 (a warp's share of the value sums
 // is whole n8 tiles).
@@ -71,10 +74,10 @@ struct ChunkMap {
   __host__ __device__ int ctas() const { return (chunks + per - 1) / per; }  // the cluster's size
 };
 
-// A list of width entries: chunks of 64, one a CTA up to 8, then two.
-__host__ __device__ inline ChunkMap chunk_map(int64_t width) {
+// A list of width entries: chunks of 64, one a CTA up to `cluster` (8 or 16), then two.
+__host__ __device__ inline ChunkMap chunk_map(int64_t width, int cluster) {
   const int chunks = static_cast<int>((width + kChunkTc - 1) / kChunkTc);
-  return ChunkMap{chunks, (chunks + kMaxCluster - 1) / kMaxCluster};
+  return ChunkMap{chunks, (chunks + cluster - 1) / cluster};
 }
 
 struct TcArgs {
@@ -90,6 +93,7 @@ struct TcArgs {
   RopeArgs rope;
   WindowArgs win;
   float* o;  // [H][Dh]
+  int cluster;  // the most CTAs a cluster: kMaxCluster or kWideCluster
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -389,7 +393,7 @@ __device__ __forceinline__ void values_of_chunks(const TcArgs& a, int q0, int mi
 }
 
 // grid (n, ceil(H / kHeadsTc)), a cluster of n CTAs along x: CTA c takes chunks per c .. per c +
-// per - 1 of the row's list (per = ceil(chunks / 8), n = ceil(chunks / per)) for heads 16
+// per - 1 of the row's list (per = ceil(chunks / a.cluster), n = ceil(chunks / per)) for heads 16
 // blockIdx.y ... (past H: zeros, no output).
 template <int Dh>
 __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_constant__ TcArgs a) {
@@ -397,7 +401,7 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   extern __shared__ __align__(16) uint8_t smem_raw[];
   TcSmem<Dh>& s = *reinterpret_cast<TcSmem<Dh>*>(smem_raw);
   cg::cluster_group cluster = cg::this_cluster();
-  const ChunkMap map = chunk_map(a.width);
+  const ChunkMap map = chunk_map(a.width, a.cluster);
   const int q0 = map.per * static_cast<int>(blockIdx.x), mine = min(map.per, map.chunks - q0);
   const int h0 = kHeadsTc * static_cast<int>(blockIdx.y);
   load_q(a, h0, s);
@@ -460,19 +464,55 @@ bool tc_resources_granted() {
   return !failed(cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg)) && clusters > 0;
 }
 
-// tc_resources_granted, asked once.
+// Whether clusters of kWideCluster CTAs of the kernel (a non-portable size) can be resident,
+// after tc_resources_granted: then lists of 9 to 16 chunks take a CTA a chunk, the rows of
+// each gathered once, instead of two chunks a CTA (three gathers).
 template <int Dh>
-bool device_runs_tc() {
-  static const bool runs = [] {
+bool wide_cluster_granted() {
+  if (cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaLaunchAttribute cluster = cuda::cluster_attr(kWideCluster);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(kWideCluster);
+  cfg.blockDim = dim3(kThreadsTc);
+  cfg.dynamicSmemBytes = sizeof(TcSmem<Dh>);
+  cfg.attrs = &cluster;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return clusters > 0;
+}
+
+// The device's answers, asked once: whether the kernel runs (0) and its largest cluster.
+template <int Dh>
+int device_tc_cluster() {
+  static const int cluster = [] {
     // The first call may come while a stream is captured (a graph decode step): these queries
     // are not stream work, so this thread may make them in relaxed capture mode.
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) return false;
-    const bool ok = tc_resources_granted<Dh>();
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) return 0;
+    const int c = !tc_resources_granted<Dh>() ? 0 : wide_cluster_granted<Dh>() ? kWideCluster : kMaxCluster;
     cudaThreadExchangeStreamCaptureMode(&mode);
-    return ok;
+    return c;
   }();
-  return runs;
+  return cluster;
+}
+
+template <int Dh>
+bool device_runs_tc() {
+  return device_tc_cluster<Dh>() > 0;
+}
+
+// The cluster a call takes: the device's largest, or the portable 8 with DSF_ATTN_TC_CLUSTER=8
+// (read at each call: the tests run both).
+template <int Dh>
+int tc_cluster() {
+  return cuda::env_int("DSF_ATTN_TC_CLUSTER", kWideCluster) <= kMaxCluster ? kMaxCluster : device_tc_cluster<Dh>();
 }
 
 bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, const float* q, const float* kv_a,
@@ -486,8 +526,9 @@ bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, cons
 }
 
 template <int Dh>
-Status launch_tc(cudaStream_t st, const TcArgs& args) {
-  const unsigned n = static_cast<unsigned>(chunk_map(args.width).ctas());
+Status launch_tc(cudaStream_t st, TcArgs args) {
+  args.cluster = tc_cluster<Dh>();
+  const unsigned n = static_cast<unsigned>(chunk_map(args.width, args.cluster).ctas());
   const unsigned groups = static_cast<unsigned>((args.H + kHeadsTc - 1) / kHeadsTc);
   return cuda::launch(sparse_tc_kernel<Dh>,
                       cuda::LaunchParams{dim3(n, groups), dim3(kThreadsTc), sizeof(TcSmem<Dh>), st, n}, args);
@@ -499,7 +540,7 @@ Status sparse_attn_tc(cudaStream_t st, const float* q, int H, int64_t Dh, const 
   if (!tc_applies(1, H, Dh, width, rope.freqs != nullptr ? rope.half : 0, q, kv_a, kv_b)) {
     return absl::InternalError("sparse_attn_tc: a call it does not take");
   }
-  const TcArgs args{q, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o};
+  const TcArgs args{q, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o, kMaxCluster};
   return Dh == 512 ? launch_tc<512>(st, args) : launch_tc<64>(st, args);
 }
 

@@ -141,6 +141,37 @@ TEST_F(ModelOpsCuda, SparseAttentionMatchesCpu) {
   agree.check("sparse_attn");
 }
 
+// A decode row's list of 9 to 16 chunks takes a CTA a chunk where the device grants clusters of
+// 16 (sparse_tc.cu; the H200 does) and two chunks a CTA in the portable cluster of 8
+// (DSF_ATTN_TC_CLUSTER=8, as on a device without): each chunk's sums are the same either way,
+// so the outputs are equal bit for bit.
+TEST_F(ModelOpsCuda, WideClusterAttentionEqualsThePortableOne) {
+  std::mt19937 rng(11);
+  const int H = 64;
+  const int64_t Dh = 512, n_rows = 1100;
+  for (int64_t width : {513, 576, 640, 1000, 1024}) {
+    const std::vector<float> q = bf16_normal(rng, H * Dh, 0.3f), kv = bf16_normal(rng, n_rows * Dh);
+    const std::vector<float> sink = bf16_normal(rng, H);
+    std::vector<int32_t> idx(static_cast<size_t>(width));
+    for (int32_t& e : idx) e = rng() % 9 == 0 ? -1 : static_cast<int32_t>(rng() % n_rows);
+    const float* d_q = dev(q);
+    const float* d_kv = dev(kv);
+    float* wide = dev(nan_vec(q.size()));
+    float* portable = dev(nan_vec(q.size()));
+    const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+    ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), d_q, 1, H, Dh, d_kv, 300, d_kv + 300 * Dh, dev(idx), width, dev(sink), scale, wide).ok());
+    setenv("DSF_ATTN_TC_CLUSTER", "8", 1);
+    const bool ok =
+        attn::sparse_attn_cuda(ctx(), d_q, 1, H, Dh, d_kv, 300, d_kv + 300 * Dh, dev(idx), width, dev(sink), scale, portable).ok();
+    unsetenv("DSF_ATTN_TC_CLUSTER");
+    ASSERT_TRUE(ok);
+    sync();
+    const std::vector<float> a = to_host(wide, q.size()), b = to_host(portable, q.size());
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "width " << width;
+    for (float v : a) ASSERT_TRUE(std::isfinite(v)) << "width " << width;
+  }
+}
+
 // Lists with whole chunks of no entry, a row with none at all and a single-chunk list, on
 // shapes the split over chunks takes (heads in fours, Dh a multiple of 4): the chunks' partial
 // results merged must agree with the CPU's running sum as the single-launch kernel does. On the
