@@ -512,23 +512,6 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
 // resident CTAs: 1.23 -> 1.15 ms a token; the step 7.68 -> 7.57 ms). A launch of fewer tiles
 // than a wave keeps one a CTA (wo_b at 2 tiles a CTA, 160 CTAs, took 8 % longer than 320 CTAs
 // of one).
-// Tiles a CTA of a launch of `tiles` tiles per product, n products, takes: `wave_t`, the
-// one-wave rule above, or with DSF_MMA_TILE_POLICY=1 / 2 (measurement) the t that minimises
-// the tiles the busiest SM works, t x ceil(CTAs / SMs) with CTAs = ceil(tiles / t) x n: wo_b's
-// 320 tiles at 2 a CTA put 4 tiles on 28 SMs and 2 on the rest, at 1 or 3 a CTA 3 on the
-// busiest. Ties go to the smaller t (1) or the larger (2).
-int64_t balanced_tiles_per_cta(int64_t tiles, int n, int64_t wave_t) {
-  static const int policy = static_cast<int>(env_int("DSF_MMA_TILE_POLICY", 0));
-  if (policy != 1 && policy != 2) return wave_t;
-  const int64_t sms = sm_count();
-  int64_t best = wave_t, best_cost = -1;
-  for (int64_t t = 1; t <= std::min(tiles, 4 * wave_t); ++t) {
-    const int64_t ctas = (tiles + t - 1) / t * n, cost = t * ((ctas + sms - 1) / sms);
-    if (best_cost < 0 || cost < best_cost || (cost == best_cost && policy == 2)) best = t, best_cost = cost;
-  }
-  return best;
-}
-
 template <template <int> class K, int kSlices, typename Arg>
 Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg arg) {
   constexpr int kCtaWarps = K<kSlices>::kCtaWarps;
@@ -537,8 +520,7 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
   const size_t smem = static_cast<size_t>(n_blocks * kBlockSmem);
   ASSIGN_OR_RETURN(const int per_sm, resident_ctas(reinterpret_cast<const void*>(K<kSlices>::fn), kCtaWarps * 32, smem));
   const int64_t wave = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sm_count());
-  const int64_t wave_t = std::max<int64_t>(1, (tiles * n + wave - 1) / wave);  // >= 1: rows may be 0
-  arg.tiles_per_cta = static_cast<int>(tiles > 0 ? balanced_tiles_per_cta(tiles, n, wave_t) : wave_t);
+  arg.tiles_per_cta = static_cast<int>(std::max<int64_t>(1, (tiles * n + wave - 1) / wave));  // >= 1: rows may be 0
   const int64_t ctas = (tiles + arg.tiles_per_cta - 1) / arg.tiles_per_cta;
   return cuda::launch(K<kSlices>::fn,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(n)),
