@@ -133,7 +133,7 @@ Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr, 
   DevBuf<int32_t> top;
   if (!every_key) {
     ASSIGN_OR_RETURN(top, DevBuf<int32_t>::make(ctx, S * k_sel));
-    RETURN_IF_ERROR(kernels::attn::topk_cuda(ctx, score.get(), S, n_keys, k_sel, top.get()));
+    RETURN_IF_ERROR(kernels::attn::topk_visible_cuda(ctx, score.get(), S, n_keys, k_sel, call.pos(), r, top.get()));
   }
   ASSIGN_OR_RETURN(call.topk, DevBuf<int32_t>::make(ctx, S * k_sel));
   call.topk_width = k_sel;

@@ -186,10 +186,16 @@ __device__ void choose_bin(const uint32_t* hist, int shift, uint32_t* prefix, ui
 // One row per block. Radix selection of the k-th largest key, 8 bits per pass from the top;
 // then every key above it and the first `need` keys equal to it (lowest indices) are written
 // in index order, a tile of kTopkThreads x kTopkLoads keys (a thread's keys contiguous) at a
-// time through one block scan of packed (equal, above) counts.
+// time through one block scan of packed (equal, above) counts. With ratio > 0, row t reads
+// only its first (pos0 + t + 1) / ratio keys and counts the rest as -inf (keys a query cannot
+// see yet: a graph's step scores a capacity's keys, most of them beyond the position).
 __global__ void __launch_bounds__(kTopkThreads)
-    topk_kernel(const float* __restrict__ v, int64_t n, int64_t k, int32_t* __restrict__ out) {
+    topk_kernel(const float* __restrict__ v, int64_t n, int64_t k, int64_t pos0_value, const int64_t* pos0_dev,
+                int ratio, int32_t* __restrict__ out) {
   cuda::await_inputs();
+  const int64_t n_read =
+      ratio > 0 ? clamp64((cuda::scalar_value(pos0_value, pos0_dev) + blockIdx.x + 1) / ratio, 0, n) : n;
+  const uint32_t neg_inf = cuda::ordered_key(-INFINITY);
   using Scan = cub::BlockScan<uint32_t, kTopkThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint32_t hist[256];
@@ -205,18 +211,21 @@ __global__ void __launch_bounds__(kTopkThreads)
     for (int i = threadIdx.x; i < 256; i += kTopkThreads) hist[i] = 0;
     __syncthreads();
     const uint32_t prefix = s_prefix;
-    for (int64_t base = 0; base < n; base += kTopkThreads * kTopkLoads) {  // the same trips for every thread
+    for (int64_t base = 0; base < n_read; base += kTopkThreads * kTopkLoads) {  // the same trips for every thread
       uint32_t key[kTopkLoads];
 #pragma unroll
       for (int u = 0; u < kTopkLoads; ++u) {
         const int64_t i = base + u * kTopkThreads + threadIdx.x;
-        key[u] = i < n ? cuda::ordered_key(row[i]) : 0u;
+        key[u] = i < n_read ? cuda::ordered_key(row[i]) : 0u;
       }
 #pragma unroll
       for (int u = 0; u < kTopkLoads; ++u) {
         const int64_t i = base + u * kTopkThreads + threadIdx.x;
-        count_bin(hist, i < n && (key[u] & mask) == prefix, (key[u] >> shift) & 255u);
+        count_bin(hist, i < n_read && (key[u] & mask) == prefix, (key[u] >> shift) & 255u);
       }
+    }
+    if (threadIdx.x == 0 && n_read < n && (neg_inf & mask) == prefix) {
+      atomicAdd(&hist[(neg_inf >> shift) & 255u], static_cast<uint32_t>(n - n_read));
     }
     __syncthreads();
     if (threadIdx.x < 32) choose_bin(hist, shift, &s_prefix, &s_need);
@@ -227,14 +236,14 @@ __global__ void __launch_bounds__(kTopkThreads)
   const int64_t need = s_need;
   int64_t base = 0, eq_seen = 0;  // keys taken, keys equal to thr passed
   constexpr int64_t kTile = int64_t{kTopkThreads} * kTopkLoads;
-  for (int64_t t0 = 0; t0 < n && base < k; t0 += kTile) {
+  for (int64_t t0 = 0; t0 < n_read && base < k; t0 += kTile) {
     const int64_t i0 = t0 + static_cast<int64_t>(threadIdx.x) * kTopkLoads;
     uint32_t key[kTopkLoads], above = 0, equal = 0;
 #pragma unroll
     for (int u = 0; u < kTopkLoads; ++u) {
-      key[u] = i0 + u < n ? cuda::ordered_key(row[i0 + u]) : 0u;
-      above += i0 + u < n && key[u] > thr;
-      equal += i0 + u < n && key[u] == thr;
+      key[u] = i0 + u < n_read ? cuda::ordered_key(row[i0 + u]) : 0u;
+      above += i0 + u < n_read && key[u] > thr;
+      equal += i0 + u < n_read && key[u] == thr;
     }
     uint32_t before, total;  // (equal << 16 | above) of the threads before, of the tile
     Scan(scan_tmp).ExclusiveSum(equal << 16 | above, before, total);
@@ -244,7 +253,7 @@ __global__ void __launch_bounds__(kTopkThreads)
     int64_t pos = base + (before & 0xffffu) + clamp64(eq_left, 0, before >> 16);
 #pragma unroll
     for (int u = 0; u < kTopkLoads; ++u) {
-      if (i0 + u >= n) break;
+      if (i0 + u >= n_read) break;
       if (key[u] > thr) {
         dst[pos++] = static_cast<int32_t>(i0 + u);
       } else if (key[u] == thr) {
@@ -255,6 +264,9 @@ __global__ void __launch_bounds__(kTopkThreads)
     base += (total & 0xffffu) + clamp64(eq_left, 0, total >> 16);
     eq_seen += total >> 16;
   }
+  // What is left to take are keys counted as -inf, the first ones in index order (the
+  // selection reached them, so they are at or above the k-th largest).
+  for (int64_t i = threadIdx.x; i < k - base; i += kTopkThreads) dst[base + i] = static_cast<int32_t>(n_read + i);
 }
 
 cudaStream_t stream_of(const ExecCtx& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
@@ -281,12 +293,19 @@ Status index_scores_cuda(const ExecCtx& ctx, const float* q, int64_t S, int Hi, 
 }
 
 Status topk_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, int64_t k, int32_t* out) {
+  return topk_visible_cuda(ctx, v, rows, n, k, DevScalar{}, 0, out);
+}
+
+Status topk_visible_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, int64_t k, DevScalar pos0,
+                         int ratio, int32_t* out) {
   if (rows <= 0) return absl::OkStatus();
-  if (k <= 0 || k > n) return absl::InvalidArgumentError(absl::StrCat("topk_cuda: k ", k, " of ", n));
+  if (k <= 0 || k > n || ratio < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("topk_cuda: k ", k, " of ", n, ", ratio ", ratio));
+  }
   if (n >= (int64_t{1} << 31)) return absl::InvalidArgumentError(absl::StrCat("topk_cuda: ", n, " keys (at most 2^31 - 1)"));
   return cuda::launch(topk_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(rows)), dim3(kTopkThreads), 0, stream_of(ctx)}, v,
-                      n, k, out);
+                      n, k, pos0.value, pos0.dev, ratio, out);
 }
 
 }  // namespace dsflash::kernels::attn

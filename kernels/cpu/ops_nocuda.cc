@@ -29,6 +29,9 @@ Status index_scores_cuda(const ExecCtx&, const float*, int64_t, int, int64_t, co
 Status topk_cuda(const ExecCtx&, const float*, int64_t, int64_t, int64_t, int32_t*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
+Status topk_visible_cuda(const ExecCtx&, const float*, int64_t, int64_t, int64_t, DevScalar, int, int32_t*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
 Status candidate_mask_cuda(const ExecCtx&, const float*, int64_t, int64_t, DevScalar, int, int64_t, int64_t, uint8_t*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

@@ -425,6 +425,33 @@ TEST_F(ModelOpsCuda, TopkAndCandidateMasksAreIdentical) {
       ++rows_checked;
     }
   }
+  // Rows whose keys past (pos0 + t + 1) / ratio count as -inf unread (topk_visible_cuda): the
+  // values there are poison, the lists those of -inf written in their place.
+  for (int ratio : {1, 2, 4}) {
+    for (int64_t pos0 : {int64_t{0}, int64_t{5}, int64_t{3000}, int64_t{9000}}) {
+      const int64_t S = 3, n = 2048;
+      for (int64_t k : {int64_t{1}, int64_t{512}, int64_t{2000}}) {
+        std::vector<float> v = bf16_normal(rng, S * n), ref = v;
+        for (int64_t t = 0; t < S; ++t) {
+          for (int64_t i = 0; i < n; i += 5) v[t * n + i] = ref[t * n + i] = 0.0f;  // ties
+          for (int64_t i = std::min(n, (pos0 + t + 1) / ratio); i < n; ++i) {
+            v[t * n + i] = i % 2 ? 1e30f : std::nanf("");  // not to be read
+            ref[t * n + i] = -INFINITY;
+          }
+        }
+        int32_t* d = dev(std::vector<int32_t>(static_cast<size_t>(S * k), -7));
+        ASSERT_TRUE(attn::topk_visible_cuda(ctx(), dev(v), S, n, k, pos0, ratio, d).ok());
+        sync();
+        const std::vector<int32_t> got = copy_back(d, static_cast<size_t>(S * k));
+        for (int64_t t = 0; t < S; ++t) {
+          ASSERT_EQ(attn::topk_ascending(&ref[t * n], n, k), std::vector<int32_t>(got.begin() + t * k, got.begin() + (t + 1) * k))
+              << "ratio " << ratio << " pos0 " << pos0 << " k " << k << " row " << t;
+          ++rows_checked;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(attn::topk_visible_cuda(ctx(), nullptr, 1, 4, 2, 0, -1, nullptr).ok());
   EXPECT_FALSE(attn::topk_cuda(ctx(), nullptr, 1, 4, 5, nullptr).ok());
   // The top-k of every key is every key in index order, whatever the scores: publish_topk with
   // no list (the model's shortcut where index_topk covers the keys) gives what it gives on
