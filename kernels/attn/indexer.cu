@@ -156,8 +156,9 @@ __device__ __forceinline__ void count_bin(uint32_t* hist, bool hit, uint32_t bin
 }
 
 // Warp 0: the bin where the count from bin 255 downwards first reaches *need (the counts total
-// at least *need): *prefix gains it at `shift`, *need becomes what is left to take inside it.
-__device__ void choose_bin(const uint32_t* hist, int shift, uint32_t* prefix, uint32_t* need) {
+// at least *need): *prefix gains it at `shift`, *need becomes what is left to take inside it,
+// and *whole says whether that is every key of the bin (then no later pass can split it).
+__device__ void choose_bin(const uint32_t* hist, int shift, uint32_t* prefix, uint32_t* need, uint32_t* whole) {
   const int lane = threadIdx.x & 31;
   uint32_t c[8], own = 0;
 #pragma unroll
@@ -177,6 +178,7 @@ __device__ void choose_bin(const uint32_t* hist, int shift, uint32_t* prefix, ui
     if (c[i] >= rem) {
       *prefix |= static_cast<uint32_t>(255 - 8 * lane - i) << shift;
       *need = rem;
+      *whole = c[i] == rem;
       return;
     }
     rem -= c[i];
@@ -186,7 +188,9 @@ __device__ void choose_bin(const uint32_t* hist, int shift, uint32_t* prefix, ui
 // One row per block. Radix selection of the k-th largest key, 8 bits per pass from the top;
 // then every key above it and the first `need` keys equal to it (lowest indices) are written
 // in index order, a tile of kTopkThreads x kTopkLoads keys (a thread's keys contiguous) at a
-// time through one block scan of packed (equal, above) counts. With ratio > 0, row t reads
+// time through one block scan of packed (equal, above) counts. The passes stop once the chosen
+// bin is taken whole: keys are then compared on the bits decided so far (bf16 scores, whose low
+// 16 bits never differ, end after two passes unless the k-th value is tied). With ratio > 0, row t reads
 // only its first (pos0 + t + 1) / ratio keys and counts the rest as -inf (keys a query cannot
 // see yet: a graph's step scores a capacity's keys, most of them beyond the position).
 __global__ void __launch_bounds__(kTopkThreads)
@@ -199,13 +203,14 @@ __global__ void __launch_bounds__(kTopkThreads)
   using Scan = cub::BlockScan<uint32_t, kTopkThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint32_t hist[256];
-  __shared__ uint32_t s_prefix, s_need;
+  __shared__ uint32_t s_prefix, s_need, s_whole;
   const float* row = v + static_cast<int64_t>(blockIdx.x) * n;
   int32_t* dst = out + static_cast<int64_t>(blockIdx.x) * k;
   uint32_t mask = 0;
   if (threadIdx.x == 0) {
     s_need = static_cast<uint32_t>(k);
     s_prefix = 0;
+    s_whole = 0;
   }
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += kTopkThreads) hist[i] = 0;
@@ -228,9 +233,10 @@ __global__ void __launch_bounds__(kTopkThreads)
       atomicAdd(&hist[(neg_inf >> shift) & 255u], static_cast<uint32_t>(n - n_read));
     }
     __syncthreads();
-    if (threadIdx.x < 32) choose_bin(hist, shift, &s_prefix, &s_need);
+    if (threadIdx.x < 32) choose_bin(hist, shift, &s_prefix, &s_need, &s_whole);
     __syncthreads();
     mask |= 0xffu << shift;
+    if (s_whole != 0) break;  // the same value for every thread
   }
   const uint32_t thr = s_prefix;
   const int64_t need = s_need;
@@ -241,7 +247,7 @@ __global__ void __launch_bounds__(kTopkThreads)
     uint32_t key[kTopkLoads], above = 0, equal = 0;
 #pragma unroll
     for (int u = 0; u < kTopkLoads; ++u) {
-      key[u] = i0 + u < n_read ? cuda::ordered_key(row[i0 + u]) : 0u;
+      key[u] = i0 + u < n_read ? cuda::ordered_key(row[i0 + u]) & mask : 0u;
       above += i0 + u < n_read && key[u] > thr;
       equal += i0 + u < n_read && key[u] == thr;
     }
