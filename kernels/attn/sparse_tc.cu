@@ -434,34 +434,40 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
 
 }  // namespace
 
-// Whether this device runs the kernel at Dh: cluster launches, its shared memory (~98 KB)
-// granted and a cluster of kMaxCluster CTAs of it resident at once (not every device has
-// clusters or that much memory a CTA; where one lacks them the split kernels take every call).
+// False for a query's error, which is cleared (not the stream's).
+bool query_ok(cudaError_t e) {
+  if (e == cudaSuccess) return true;
+  (void)cudaGetLastError();
+  return false;
+}
+
+// Whether a cluster of `size` CTAs of the kernel at Dh (with its shared memory) can be resident.
 template <int Dh>
-bool tc_resources_granted() {
-  const auto failed = [](cudaError_t e) {
-    if (e == cudaSuccess) return false;
-    (void)cudaGetLastError();  // a query's error, not the stream's
-    return true;
-  };
-  int dev = 0, clusters_ok = 0;
-  if (failed(cudaGetDevice(&dev)) || failed(cudaDeviceGetAttribute(&clusters_ok, cudaDevAttrClusterLaunch, dev)) ||
-      clusters_ok == 0) {
-    return false;
-  }
-  if (failed(cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(sizeof(TcSmem<Dh>))))) {
-    return false;
-  }
-  cudaLaunchAttribute cluster = cuda::cluster_attr(kMaxCluster);
+bool clusters_resident(int size) {
+  cudaLaunchAttribute cluster = cuda::cluster_attr(static_cast<unsigned>(size));
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kMaxCluster);
+  cfg.gridDim = dim3(static_cast<unsigned>(size));
   cfg.blockDim = dim3(kThreadsTc);
   cfg.dynamicSmemBytes = sizeof(TcSmem<Dh>);
   cfg.attrs = &cluster;
   cfg.numAttrs = 1;
   int clusters = 0;
-  return !failed(cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg)) && clusters > 0;
+  return query_ok(cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg)) && clusters > 0;
+}
+
+// Whether this device runs the kernel at Dh: cluster launches, its shared memory (~98 KB)
+// granted and a cluster of kMaxCluster CTAs of it resident at once (not every device has
+// clusters or that much memory a CTA; where one lacks them the split kernels take every call).
+template <int Dh>
+bool tc_resources_granted() {
+  int dev = 0, clusters_ok = 0;
+  if (!query_ok(cudaGetDevice(&dev)) || !query_ok(cudaDeviceGetAttribute(&clusters_ok, cudaDevAttrClusterLaunch, dev)) ||
+      clusters_ok == 0) {
+    return false;
+  }
+  return query_ok(cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(sizeof(TcSmem<Dh>)))) &&
+         clusters_resident<Dh>(kMaxCluster);
 }
 
 // Whether clusters of kWideCluster CTAs of the kernel (a non-portable size) can be resident,
@@ -469,23 +475,8 @@ bool tc_resources_granted() {
 // each gathered once, instead of two chunks a CTA (three gathers).
 template <int Dh>
 bool wide_cluster_granted() {
-  if (cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  cudaLaunchAttribute cluster = cuda::cluster_attr(kWideCluster);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(kWideCluster);
-  cfg.blockDim = dim3(kThreadsTc);
-  cfg.dynamicSmemBytes = sizeof(TcSmem<Dh>);
-  cfg.attrs = &cluster;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return clusters > 0;
+  return query_ok(cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) &&
+         clusters_resident<Dh>(kWideCluster);
 }
 
 // The device's answers, asked once: whether the kernel runs (0) and its largest cluster.
