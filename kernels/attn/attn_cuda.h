@@ -56,7 +56,7 @@ Status index_scores_cuda(const ExecCtx& ctx, const float* q, int64_t S, int Hi, 
 // out[rows][k] = topk_ascending of each row of v [rows][n] (0 < k <= n): the k largest, ties
 // towards the lower index, listed in ascending index order.
 Status topk_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, int64_t k, int32_t* out);
-// topk_cuda with every key j >= (pos0 + t + 1) / ratio of row t (ratio > 0) counted as -inf
+// topk_cuda with every key j >= (pos0 + t + 1) / ratio of row t (ratio > 0; 0: no limit) counted as -inf
 // and not read: the keys a query cannot see yet, which index_scores_cuda scores -inf (a graph's
 // step scores a capacity's keys, most of them beyond the position).
 Status topk_visible_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64_t n, int64_t k, DevScalar pos0,
