@@ -16,48 +16,32 @@ for b in out/gpu/bin/${DSF_TESTS:-*}_test; do
   if "$b" > "$logs/$name.log" 2>&1; then echo "PASS $name"; else echo "FAIL $name"; rc=1; fi
   tail -3 "$logs/$name.log"
 done
-# linear_cuda_test again on the fp32 GEMV kernels (ctest's linear_cuda_test_fp32_gemv).
-if [[ -x out/gpu/bin/linear_cuda_test && ( -z ${DSF_TESTS:-} || linear_cuda == ${DSF_TESTS} ) ]]; then
-  if DSF_GEMV_MMA=0 out/gpu/bin/linear_cuda_test > "$logs/linear_cuda_test_fp32_gemv.log" 2>&1; then
-    echo "PASS linear_cuda_test (DSF_GEMV_MMA=0)"
+# Test binary T run again under one switch ENV (VAR=VALUE) with gtest FILTER, logged as
+# T_test_SUFFIX.log: each mirrors a ctest entry of that name.
+rerun() {
+  local t=$1 env=$2 filter=$3 suffix=$4
+  # shellcheck disable=SC2053  # DSF_TESTS is a glob
+  [[ -x out/gpu/bin/${t}_test && ( -z ${DSF_TESTS:-} || $t == ${DSF_TESTS} ) ]] || return 0
+  local log="$logs/${t}_test_${suffix}.log"
+  if env "$env" "out/gpu/bin/${t}_test" --gtest_filter="$filter" > "$log" 2>&1; then
+    echo "PASS ${t}_test ($env)"
   else
-    echo "FAIL linear_cuda_test (DSF_GEMV_MMA=0)"; rc=1
+    echo "FAIL ${t}_test ($env)"; rc=1
   fi
-  tail -3 "$logs/linear_cuda_test_fp32_gemv.log"
-fi
-# The sparse attention tests and the golden model with a decode row on the split kernels
-# (DSF_ATTN_TC=0; by default the tensor-core kernel, sparse_tc.cu, takes it; ctest's *_attn_split).
-for t in model_ops_cuda golden_cuda; do
-  [[ -x out/gpu/bin/${t}_test && ( -z ${DSF_TESTS:-} || $t == "${DSF_TESTS}" ) ]] || continue
-  filter='*'
-  [[ $t == model_ops_cuda ]] && filter='*Sparse*:*Rope*:*Window*'
-  if DSF_ATTN_TC=0 "out/gpu/bin/${t}_test" --gtest_filter="$filter" > "$logs/${t}_test_attn_split.log" 2>&1; then
-    echo "PASS ${t}_test (DSF_ATTN_TC=0)"
-  else
-    echo "FAIL ${t}_test (DSF_ATTN_TC=0)"; rc=1
-  fi
-  tail -3 "$logs/${t}_test_attn_split.log"
-done
-# The sparse attention tests on the tensor-core kernel in the portable cluster of 8 (ctest's
-# *_portable_cluster; by default the H200 takes clusters of up to 16).
-if [[ -x out/gpu/bin/model_ops_cuda_test && ( -z ${DSF_TESTS:-} || model_ops_cuda == "${DSF_TESTS}" ) ]]; then
-  if DSF_ATTN_TC_CLUSTER=8 out/gpu/bin/model_ops_cuda_test --gtest_filter='*Sparse*:*Rope*:*Window*' \
-    > "$logs/model_ops_cuda_test_portable_cluster.log" 2>&1; then
-    echo "PASS model_ops_cuda_test (DSF_ATTN_TC_CLUSTER=8)"
-  else
-    echo "FAIL model_ops_cuda_test (DSF_ATTN_TC_CLUSTER=8)"; rc=1
-  fi
-  tail -3 "$logs/model_ops_cuda_test_portable_cluster.log"
-fi
-# The golden model with every index source scoring and selecting (ctest's *_indexer_full).
-if [[ -x out/gpu/bin/golden_cuda_test && ( -z ${DSF_TESTS:-} || golden_cuda == "${DSF_TESTS}" ) ]]; then
-  if DSF_INDEXER_EVERY_KEY=0 out/gpu/bin/golden_cuda_test > "$logs/golden_cuda_test_indexer_full.log" 2>&1; then
-    echo "PASS golden_cuda_test (DSF_INDEXER_EVERY_KEY=0)"
-  else
-    echo "FAIL golden_cuda_test (DSF_INDEXER_EVERY_KEY=0)"; rc=1
-  fi
-  tail -3 "$logs/golden_cuda_test_indexer_full.log"
-fi
+  tail -3 "$log"
+}
+sparse='*Sparse*:*Rope*:*Window*'
+# linear_cuda_test on the fp32 GEMV kernels.
+rerun linear_cuda DSF_GEMV_MMA=0 '*' fp32_gemv
+# The sparse attention tests and the golden model with a decode row on the split kernels (by
+# default the tensor-core kernel, sparse_tc.cu, takes it).
+rerun model_ops_cuda DSF_ATTN_TC=0 "$sparse" attn_split
+rerun golden_cuda DSF_ATTN_TC=0 '*' attn_split
+# The sparse attention tests on the tensor-core kernel in the portable cluster of 8 (by default
+# the H200 takes clusters of up to 16).
+rerun model_ops_cuda DSF_ATTN_TC_CLUSTER=8 "$sparse" portable_cluster
+# The golden model with every index source scoring and selecting.
+rerun golden_cuda DSF_INDEXER_EVERY_KEY=0 '*' indexer_full
 [[ ${DSF_SKIP_BENCH:-0} == 1 ]] && exit $rc
 # Benchmarks (not tests): rows for bench/results.csv.
 out/gpu/bin/linear_cuda_bench "$logs/bench.csv" "$(cat out/gpu/commit)" | tee "$logs/bench.log"
