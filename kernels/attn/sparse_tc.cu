@@ -432,8 +432,6 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   cluster.sync();  // no CTA leaves while another reads its shared memory
 }
 
-}  // namespace
-
 // False for a query's error, which is cleared (not the stream's).
 bool query_ok(cudaError_t e) {
   if (e == cudaSuccess) return true;
@@ -454,6 +452,8 @@ bool clusters_resident(int size) {
   int clusters = 0;
   return query_ok(cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg)) && clusters > 0;
 }
+
+}  // namespace
 
 // Whether this device runs the kernel at Dh: cluster launches, its shared memory (~98 KB)
 // granted and a cluster of kMaxCluster CTAs of it resident at once (not every device has
