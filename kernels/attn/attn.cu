@@ -152,7 +152,7 @@ __global__ void block_max_kernel(const float* __restrict__ score, int64_t n, int
   const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t t = blockIdx.y;
   if (b >= nb) return;
-  const int64_t compress_len = (cuda::scalar_value(pos0_value, pos0_dev) + t + 1) / ratio;
+  const int64_t compress_len = visible_keys(pos0_value, pos0_dev, t, ratio);
   float m = -INFINITY;
   for (int64_t i = b * block; i < min(n, (b + 1) * block); ++i) m = fmaxf(m, score[t * n + i]);
   if (compress_len >= 1 && (compress_len - 1) / block == b) m = INFINITY;
@@ -227,7 +227,7 @@ __global__ void publish_topk_kernel(const int32_t* __restrict__ top, int64_t S, 
   cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= S * k) return;
-  const int64_t t = i / k, visible = (cuda::scalar_value(pos0_value, pos0_dev) + t + 1) / ratio;
+  const int64_t t = i / k, visible = visible_keys(pos0_value, pos0_dev, t, ratio);
   const int32_t j = top != nullptr ? top[i] : static_cast<int32_t>(i % k);  // null: every key, k of k
   out[t * ld + i % k] = j < visible ? static_cast<int32_t>(j + n_win) : -1;
 }
@@ -240,10 +240,8 @@ __global__ void mask_candidates_kernel(float* __restrict__ score, const uint8_t*
   if (!cand[(i / n) * cand_ld + i % n]) score[i] = -INFINITY;
 }
 
-cudaStream_t stream_of(const ExecCtx& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
-
 cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
-  return cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0, stream_of(ctx)};
+  return cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0, cuda::stream_of(ctx)};
 }
 
 }  // namespace
@@ -269,15 +267,15 @@ Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, in
     ra = RopeArgs{rope->freqs, rope->dims / 2, rope->pos0.value, rope->pos0.dev};
   }
   if (detail::tc_applies(S, H, Dh, width, ra.freqs != nullptr ? ra.half : 0, q, kv_a, kv_b)) {
-    return detail::sparse_attn_tc(stream_of(ctx), q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o, ra, wa);
+    return detail::sparse_attn_tc(cuda::stream_of(ctx), q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o, ra, wa);
   }
   if (detail::split_applies(S, H, Dh, width, q, kv_a, kv_b, o)) {
-    return detail::sparse_attn_split(stream_of(ctx), q, S, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o, ra, wa);
+    return detail::sparse_attn_split(cuda::stream_of(ctx), q, S, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o, ra, wa);
   }
   const size_t smem = 2 * static_cast<size_t>(Dh) * sizeof(float);
   return cuda::launch(sparse_attn_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(H), static_cast<unsigned>(S)), dim3(kAttnThreads),
-                                         smem, stream_of(ctx)},
+                                         smem, cuda::stream_of(ctx)},
                       q, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, ra, wa, o);
 }
 
@@ -293,7 +291,7 @@ Status candidate_mask_cuda(const ExecCtx& ctx, const float* score, int64_t S, in
     return absl::InvalidArgumentError(absl::StrCat("candidate_mask_cuda: ratio ", ratio, ", block ", block, ", top ", topk_blocks));
   }
   const int64_t nb = (n + block - 1) / block, kb = std::min(topk_blocks, nb);
-  cudaStream_t st = stream_of(ctx);
+  cudaStream_t st = cuda::stream_of(ctx);
   float* bs = nullptr;
   int32_t* chosen = nullptr;
   uint8_t* keep = nullptr;
@@ -339,7 +337,7 @@ Status kv_rows_cuda(const ExecCtx& ctx, float* kv, int64_t S, int64_t Dh, const 
   return cuda::with_norm_threads(Dh, [&](auto threads) {
     constexpr int kThreads = decltype(threads)::value;
     return cuda::launch(kv_rows_kernel<kThreads>,
-                        cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(kThreads), 0, stream_of(ctx)}, kv, Dh,
+                        cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(kThreads), 0, cuda::stream_of(ctx)}, kv, Dh,
                         norm_w, eps, freqs, dims / 2, pos0.value, pos0.dev, ring, W);
   });
 }

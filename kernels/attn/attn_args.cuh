@@ -1,5 +1,6 @@
-// Device-side pieces shared by the sparse attention kernels (attn.cu, sparse_split.cu): the
-// window list entries made in a kernel (AttnWindow) and the fused RoPE (AttnRope).
+// Device-side pieces shared by the attention kernels (attn.cu, indexer.cu, sparse_split.cu): the
+// keys a row sees, the window list entries made in a kernel (AttnWindow) and the fused RoPE
+// (AttnRope).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,12 @@ __device__ __forceinline__ int32_t window_entry(int64_t pos0, int64_t S, int64_t
   }
   const int64_t p = pos0 + t, first = max(int64_t{0}, p - W + 1), q = first + j, ring_rows = pos0 > 0 ? W : 0;
   return q <= p ? static_cast<int32_t>(q >= pos0 ? ring_rows + (q - pos0) : q % W) : -1;
+}
+
+// Compressed keys that query row t of a call at pos0 (a DevScalar's value and address) can see
+// at compression ratio r: the groups of r positions completed by its position.
+__device__ __forceinline__ int64_t visible_keys(int64_t pos0_value, const int64_t* pos0_dev, int64_t t, int64_t r) {
+  return (cuda::scalar_value(pos0_value, pos0_dev) + t + 1) / r;
 }
 
 // The window part of the lists made in the kernel (AttnWindow): entries [0, ww) of row t's

@@ -1,6 +1,7 @@
 // The indexer's scores and the top-k selection (see attn_cuda.h).
 #include <cub/block/block_scan.cuh>
 
+#include "kernels/attn/attn_args.cuh"
 #include "kernels/attn/attn_cuda.h"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/math.cuh"
@@ -33,7 +34,7 @@ __global__ void index_scores_kernel(const float* __restrict__ q, int Hi, int64_t
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kScoreWarps + (threadIdx.x >> 5);
   const int64_t t = blockIdx.y;
   if (j >= n_keys) return;
-  const int64_t visible = (cuda::scalar_value(pos0_value, pos0_dev) + t + 1) / ratio;
+  const int64_t visible = detail::visible_keys(pos0_value, pos0_dev, t, ratio);
   float* out = score + t * n_keys + j;
   if (j >= visible) {
     if (lane == 0) *out = -INFINITY;
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kFoldWarps * 32)
   const int64_t j0 = (static_cast<int64_t>(blockIdx.x) * kFoldWarps + (threadIdx.x >> 5)) * kKeys;
   const int64_t t = blockIdx.y;
   if (j0 >= n_keys) return;
-  const int64_t visible = (cuda::scalar_value(pos0_value, pos0_dev) + t + 1) / ratio;
+  const int64_t visible = detail::visible_keys(pos0_value, pos0_dev, t, ratio);
   const int64_t j = j0 + (lane & (kKeys - 1));  // the key whose score this lane ends with
   float* out = score + t * n_keys + j;
   const bool writer = lane < kKeys && j < n_keys;
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(kTopkThreads)
                 int ratio, int32_t* __restrict__ out) {
   cuda::await_inputs();
   const int64_t n_read =
-      ratio > 0 ? clamp64((cuda::scalar_value(pos0_value, pos0_dev) + blockIdx.x + 1) / ratio, 0, n) : n;
+      ratio > 0 ? clamp64(detail::visible_keys(pos0_value, pos0_dev, blockIdx.x, ratio), 0, n) : n;
   const uint32_t neg_inf = cuda::ordered_key(-INFINITY);
   using Scan = cub::BlockScan<uint32_t, kTopkThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
@@ -275,15 +276,13 @@ __global__ void __launch_bounds__(kTopkThreads)
   for (int64_t i = threadIdx.x; i < k - base; i += kTopkThreads) dst[base + i] = static_cast<int32_t>(n_read + i);
 }
 
-cudaStream_t stream_of(const ExecCtx& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
-
 }  // namespace
 
 Status index_scores_cuda(const ExecCtx& ctx, const float* q, int64_t S, int Hi, int64_t Di, const float* keys,
                          int64_t n_keys, const float* w, float w_scale, DevScalar pos0, int ratio, float* score) {
   if (S <= 0 || n_keys <= 0) return absl::OkStatus();
   if (ratio <= 0) return absl::InvalidArgumentError(absl::StrCat("index_scores_cuda: ratio ", ratio));
-  cudaStream_t st = stream_of(ctx);
+  cudaStream_t st = cuda::stream_of(ctx);
   if (cuda::env_int("DSF_INDEX_FOLD", 1) != 0) {
     switch (Di) {
       case 32: return launch_fold<1>(st, q, S, Hi, keys, n_keys, w, w_scale, pos0, ratio, score);
@@ -310,7 +309,7 @@ Status topk_visible_cuda(const ExecCtx& ctx, const float* v, int64_t rows, int64
   }
   if (n >= (int64_t{1} << 31)) return absl::InvalidArgumentError(absl::StrCat("topk_cuda: ", n, " keys (at most 2^31 - 1)"));
   return cuda::launch(topk_kernel,
-                      cuda::LaunchParams{dim3(static_cast<unsigned>(rows)), dim3(kTopkThreads), 0, stream_of(ctx)}, v,
+                      cuda::LaunchParams{dim3(static_cast<unsigned>(rows)), dim3(kTopkThreads), 0, cuda::stream_of(ctx)}, v,
                       n, k, pos0.value, pos0.dev, ratio, out);
 }
 

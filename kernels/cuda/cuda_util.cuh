@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "common/status.h"
+#include "kernels/exec.h"
 
 #define CUDA_RETURN_IF_ERROR(expr)                                                              \
   do {                                                                                          \
@@ -15,6 +16,9 @@
   } while (0)
 
 namespace dsflash::kernels::cuda {
+
+// The CUDA stream an ExecCtx runs on.
+inline cudaStream_t stream_of(const ExecCtx& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
 
 struct LaunchParams {
   dim3 grid;

@@ -10,8 +10,6 @@
 namespace dsflash::kernels {
 namespace {
 
-cudaStream_t stream_of(const ExecCtx& ctx) { return static_cast<cudaStream_t>(ctx.cuda_stream); }
-
 // The default pool returns freed memory to the driver at every synchronisation unless told
 // to keep it: keep it, so per-step scratch costs no driver calls after the first step.
 Status keep_pool_memory() {
@@ -70,14 +68,14 @@ void stream_destroy(void* stream) {
 }
 
 Status stream_sync(const ExecCtx& ctx) {
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_of(ctx)));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cuda::stream_of(ctx)));
   return absl::OkStatus();
 }
 
 StatusOr<void*> device_alloc(const ExecCtx& ctx, size_t bytes) {
   RETURN_IF_ERROR(keep_pool_memory());
   void* p = nullptr;
-  const cudaError_t e = cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, stream_of(ctx));
+  const cudaError_t e = cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, cuda::stream_of(ctx));
   if (e != cudaSuccess) {
     return absl::ResourceExhaustedError(absl::StrCat("device allocation of ", bytes, " bytes: ", cudaGetErrorString(e)));
   }
@@ -85,7 +83,7 @@ StatusOr<void*> device_alloc(const ExecCtx& ctx, size_t bytes) {
 }
 
 void device_free(const ExecCtx& ctx, void* p) {
-  if (p != nullptr) cudaFreeAsync(p, stream_of(ctx));
+  if (p != nullptr) cudaFreeAsync(p, cuda::stream_of(ctx));
 }
 
 Status copy(const ExecCtx& ctx, Copy kind, void* dst, const void* src, size_t bytes) {
@@ -93,7 +91,7 @@ Status copy(const ExecCtx& ctx, Copy kind, void* dst, const void* src, size_t by
   const cudaMemcpyKind k = kind == Copy::kHostToDevice   ? cudaMemcpyHostToDevice
                            : kind == Copy::kDeviceToHost ? cudaMemcpyDeviceToHost
                                                          : cudaMemcpyDeviceToDevice;
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, k, stream_of(ctx)));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, k, cuda::stream_of(ctx)));
   return absl::OkStatus();
 }
 
@@ -101,13 +99,13 @@ Status copy_2d(const ExecCtx& ctx, void* dst, size_t dst_pitch, const void* src,
                size_t rows) {
   if (width == 0 || rows == 0) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(
-      cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, stream_of(ctx)));
+      cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, cuda::stream_of(ctx)));
   return absl::OkStatus();
 }
 
 Status fill_zero(const ExecCtx& ctx, void* p, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, bytes, stream_of(ctx)));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, bytes, cuda::stream_of(ctx)));
   return absl::OkStatus();
 }
 
@@ -129,7 +127,7 @@ StatusOr<Branch> branch_create() {
 
 void branch_destroy(Branch& b) {
   if (b.ctx.cuda_stream != nullptr) {
-    cudaStreamSynchronize(stream_of(b.ctx));
+    cudaStreamSynchronize(cuda::stream_of(b.ctx));
     stream_destroy(b.ctx.cuda_stream);
   }
   for (void* e : {b.forked, b.joined}) {
@@ -139,14 +137,14 @@ void branch_destroy(Branch& b) {
 }
 
 Status fork(const ExecCtx& main, const Branch& b) {
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(b.forked), stream_of(main)));
-  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_of(b.ctx), static_cast<cudaEvent_t>(b.forked), 0));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(b.forked), cuda::stream_of(main)));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(cuda::stream_of(b.ctx), static_cast<cudaEvent_t>(b.forked), 0));
   return absl::OkStatus();
 }
 
 Status join(const ExecCtx& main, const Branch& b) {
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(b.joined), stream_of(b.ctx)));
-  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_of(main), static_cast<cudaEvent_t>(b.joined), 0));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(b.joined), cuda::stream_of(b.ctx)));
+  CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(cuda::stream_of(main), static_cast<cudaEvent_t>(b.joined), 0));
   return absl::OkStatus();
 }
 
@@ -165,13 +163,13 @@ void host_free_pinned(void* p) {
 
 Status capture_begin(const ExecCtx& ctx) {
   RETURN_IF_ERROR(keep_pool_memory());
-  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_of(ctx), cudaStreamCaptureModeThreadLocal));
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(cuda::stream_of(ctx), cudaStreamCaptureModeThreadLocal));
   return absl::OkStatus();
 }
 
 StatusOr<void*> capture_end(const ExecCtx& ctx) {
   cudaGraph_t graph = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(stream_of(ctx), &graph));
+  CUDA_RETURN_IF_ERROR(cudaStreamEndCapture(cuda::stream_of(ctx), &graph));
   cudaGraphExec_t exec = nullptr;
   const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
@@ -180,7 +178,7 @@ StatusOr<void*> capture_end(const ExecCtx& ctx) {
 }
 
 Status graph_launch(const ExecCtx& ctx, void* graph) {
-  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), stream_of(ctx)));
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), cuda::stream_of(ctx)));
   return absl::OkStatus();
 }
 

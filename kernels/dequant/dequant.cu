@@ -36,7 +36,7 @@ Status launch_type(const ExecCtx& ctx, const void* src, float* dst, int64_t n) {
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 65535LL * 8);
   return cuda::launch(dequant_kernel<kType>,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0,
-                                         static_cast<cudaStream_t>(ctx.cuda_stream)},
+                                         cuda::stream_of(ctx)},
                       static_cast<const uint8_t*>(src), dst, n, static_cast<int>(t.block_elems),
                       static_cast<int>(t.block_bytes));
 }
@@ -66,7 +66,7 @@ Status gather_type(const ExecCtx& ctx, const void* table, int64_t cols, uint64_t
   const int64_t n = n_ids * cols;
   return cuda::launch(gather_kernel<kType>,
                       cuda::LaunchParams{dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)), dim3(kThreads), 0,
-                                         static_cast<cudaStream_t>(ctx.cuda_stream)},
+                                         cuda::stream_of(ctx)},
                       static_cast<const uint8_t*>(table), cols, row_bytes, n_rows, ids, n,
                       static_cast<int>(t.block_elems), static_cast<int>(t.block_bytes), round, dst);
 }

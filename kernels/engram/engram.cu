@@ -45,7 +45,7 @@ Status gate_update_cuda(const ExecCtx& ctx, float* h, const float* kv, const flo
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
   return cuda::launch(gate_update_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(C), static_cast<unsigned>(S)), dim3(kThreads), 0,
-                                         static_cast<cudaStream_t>(ctx.cuda_stream)},
+                                         cuda::stream_of(ctx)},
                       h, kv, qk, C, D, norm_eps, gate);
 }
 

@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(kThreads / kCtas) post_pre_norm_cluster_kernel
 
 cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
   return cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0,
-                            static_cast<cudaStream_t>(ctx.cuda_stream)};
+                            cuda::stream_of(ctx)};
 }
 
 // The mixes' partial sums of S tokens (P partials per mix over the C*D values, sums of squares
@@ -375,7 +375,7 @@ Status with_mix_partials(const ExecCtx& ctx, const float* h, const float* fn, in
   const int64_t n = static_cast<int64_t>(C) * D;
   const int P = static_cast<int>(std::min<int64_t>(32, (n + 2047) / 2048));
   const int64_t chunk = (n + P - 1) / P;
-  cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  cudaStream_t st = cuda::stream_of(ctx);
   float* part = nullptr;
   CUDA_RETURN_IF_ERROR(cudaMallocAsync(&part, static_cast<size_t>(S) * (M + 1) * P * sizeof(float), st));
   float* part_ss = part + S * M * P;
@@ -407,7 +407,7 @@ Status mixes_split_cuda(const ExecCtx& ctx, const float* h, const float* fn, con
                         float* comb) {
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
   const int M = (2 + C) * C;
-  cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  cudaStream_t st = cuda::stream_of(ctx);
   if (M > 32) {  // no warp per token: the two ops
     float* m = nullptr;
     CUDA_RETURN_IF_ERROR(cudaMallocAsync(&m, static_cast<size_t>(S) * M * sizeof(float), st));
@@ -432,7 +432,7 @@ Status sublayer_in_cuda(const ExecCtx& ctx, const float* h, const float* fn, con
     RETURN_IF_ERROR(mixes_split_cuda(ctx, h, fn, scale, base, C, D, S, norm_eps, iters, hc_eps, pre, post, comb));
     return pre_norm_cuda(ctx, h, in_pre, C, D, S, norm_w, norm_eps, y);
   }
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const cudaStream_t st = cuda::stream_of(ctx);
   return with_mix_partials(ctx, h, fn, C, D, S, [&](const float* part, const float* part_ss, int64_t n, int P) {
     const SplitArgs a{part, part_ss, n, P, norm_eps, scale, base, C, iters, hc_eps, pre, post, comb};
     return cuda::with_norm_threads(D, [&](auto threads) {
@@ -447,7 +447,7 @@ Status sublayer_in_cuda(const ExecCtx& ctx, const float* h, const float* fn, con
 Status pre_norm_cuda(const ExecCtx& ctx, const float* h, const float* w, int C, int64_t D, int64_t S,
                      const float* norm_w, float norm_eps, float* y) {
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const cudaStream_t st = cuda::stream_of(ctx);
   return cuda::with_norm_threads(D, [&](auto threads) {
     constexpr int kThreads = decltype(threads)::value;
     return cuda::launch(pre_norm_kernel<kThreads>,
@@ -462,7 +462,7 @@ Status split_cuda(const ExecCtx& ctx, const float* m, const float* scale, const 
   if (C * C <= 32) {
     return cuda::launch(split_warp_kernel,
                         cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), 0,
-                                           static_cast<cudaStream_t>(ctx.cuda_stream)},
+                                           cuda::stream_of(ctx)},
                         m, scale, base, C, S, iters, hc_eps, pre, post, comb);
   }
   return cuda::launch(split_kernel, flat(ctx, S), m, scale, base, C, S, iters, hc_eps, pre, post, comb);
@@ -485,7 +485,7 @@ Status post_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, 
                           float* y) {
   if (C <= 0 || D <= 0 || S <= 0) return absl::OkStatus();
   if (C > Split::kMaxC) return absl::InvalidArgumentError(absl::StrCat("post_pre_norm_cuda: ", C, " streams"));
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const cudaStream_t st = cuda::stream_of(ctx);
   return cuda::with_norm_threads(D, [&](auto threads) {
     constexpr int kThreads = decltype(threads)::value;
     // A cluster of 8 CTAs (4 and 16 measured the same on the H200; DSF_HC_CLUSTER=0: one block).

@@ -415,7 +415,7 @@ Status launch_gemm_mma(const ExecCtx& ctx, GgmlType type, const LinearParams& p)
     return absl::UnimplementedError(absl::StrCat("tensor-core GEMM: no kernel for ", quant::traits(type).name, " at ",
                                                  p.cols, " columns or this alignment"));
   }
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const cudaStream_t st = cuda::stream_of(ctx);
   switch (type) {
     case GgmlType::kQ4_K: return run_gemm_mma<Q4KGemm>(p, st);
     case GgmlType::kQ2_K: return p.tiles ? run_gemm_mma<Q2KGemm<true>>(p, st) : run_gemm_mma<Q2KGemm<false>>(p, st);

@@ -451,7 +451,7 @@ bool decode_gemv_applies(GgmlType type, const LinearParams* p, int n) {
 Status launch_decode_gemv(const ExecCtx& ctx, GgmlType type, const LinearParams* p, int n) {
   Batch b{};
   for (int i = 0; i < n; ++i) b.p[i] = p[i];
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const cudaStream_t st = cuda::stream_of(ctx);
   if ((type == GgmlType::kQ4_K || type == GgmlType::kQ6_K) && gemv_mma_applies(p, n)) {
     return launch_dense_mma(ctx, type, p, n);
   }
@@ -536,7 +536,7 @@ Status experts_gemv(const ExecCtx& ctx, const Weight& w, int64_t expert_bytes, c
   if (mma_fits && (mma == 2 || (mma == 1 && experts_mma_applies(w.type, w.rows, w.cols, n)))) {
     return launch_experts_mma(ctx, w.type, b.p, ids, expert_bytes, n, x_stride, y_stride);
   }
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const cudaStream_t st = cuda::stream_of(ctx);
   switch (w.type) {
     case GgmlType::kQ2_K: return launch_rows<ExpertK, GgmlType::kQ2_K>(w.rows, w.cols, n, st, b);
     case GgmlType::kQ3_K: return launch_rows<ExpertK, GgmlType::kQ3_K>(w.rows, w.cols, n, st, b);
@@ -585,7 +585,7 @@ Status quantize_act_q8_cuda(const ExecCtx& ctx, const float* x, int64_t cols, in
   const int64_t runs = cols / 32;
   return cuda::launch(quantize_q8_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>((runs + kWarps - 1) / kWarps), static_cast<unsigned>(n)),
-                                         dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)},
+                                         dim3(kWarps * 32), 0, cuda::stream_of(ctx)},
                       x, cols, x_stride, out);
 }
 
@@ -602,7 +602,7 @@ Status linear_experts_q8_cuda(const ExecCtx& ctx, const Weight& w, int64_t exper
     return absl::UnimplementedError(absl::StrCat("linear_experts_q8_cuda: no 8-bit-activation GEMV for ", t.name));
   }
   ExpertBatchQ8 b{params_of(w, nullptr, y, 1, round), ids, expert_bytes, y_stride, one_x ? 0 : w.cols, x};
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const cudaStream_t st = cuda::stream_of(ctx);
   if (w.type == GgmlType::kQ2_K) return launch_rows<ExpertQ8K, GgmlType::kQ2_K>(w.rows, w.cols, n, st, b);
   return launch_rows<ExpertQ8K, GgmlType::kQ3_K>(w.rows, w.cols, n, st, b);
 }

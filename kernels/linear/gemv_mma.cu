@@ -638,7 +638,7 @@ Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearPa
   // gives the shorter graph step on the H200 (7.21-7.22 against 7.25-7.27 ms, three pairs of
   // runs, 157a826), though each launch alone is slower (wo_b 17.2 against 16.3 us under ncu).
   static const int max_slices = slices_cap("DSF_MMA_Q4K_SLICES");
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const cudaStream_t st = cuda::stream_of(ctx);
   if (type == quant::GgmlType::kQ6_K) {
     if (p[0].tiles) return launch_mma<DenseMma<Q6KBlock<true>>::K>(p[0].rows, b.n_blocks, n, st, b);
     return launch_mma<DenseMma<Q6KBlock<false>>::K>(p[0].rows, b.n_blocks, n, st, b);
@@ -660,7 +660,7 @@ Status launch_experts_mma(const ExecCtx& ctx, quant::GgmlType type, const Linear
   if (w2 != nullptr && x_stride != 0) return absl::InvalidArgumentError("launch_experts_mma: two weights need one x");
   const ExpertMma b{p, ids, expert_bytes, x_stride, y_stride, p.cols / 256, n, w2, y2, expert_bytes2, 1};
   RETURN_IF_ERROR(check_blocks(b.n_blocks));
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const cudaStream_t st = cuda::stream_of(ctx);
   static const bool narrow = env_int("DSF_EXPERT_WARPS", kExpertWarps) == kWarps;
   static const int max_slices = slices_cap("DSF_EXPERT_SLICES");
   if (p.tiles && p.rows % tiles::kRows != 0) {

@@ -415,7 +415,7 @@ int64_t gemm_mma_min_tokens() {
 template <GgmlType kType>
 Status launch_linear(const ExecCtx& ctx, const LinearParams& p) {
   const unsigned grid = static_cast<unsigned>((p.rows + kWarps - 1) / kWarps);
-  const cuda::LaunchParams lp{dim3(grid), dim3(kWarps * 32), 0, static_cast<cudaStream_t>(ctx.cuda_stream)};
+  const cuda::LaunchParams lp{dim3(grid), dim3(kWarps * 32), 0, cuda::stream_of(ctx)};
   if (p.n_tok >= gemm_mma_min_tokens() && gemm_mma_applies(kType, p)) return launch_gemm_mma(ctx, kType, p);
   if (p.n_tok >= gemm_min_tokens() && (p.n_tok + kGemmToks - 1) / kGemmToks <= 65535) {
     const dim3 g(static_cast<unsigned>((p.rows + kGemmRows - 1) / kGemmRows),
@@ -506,7 +506,7 @@ Status to_tiles_cuda(const ExecCtx& ctx, const Weight& w, uint8_t* dst) {
   if (w.rows == 0) return absl::OkStatus();
   const int64_t blocks = w.cols / 256, units = w.rows * static_cast<int64_t>(w.row_bytes) / 2;
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>((units + 255) / 256, 8 * cuda::sm_count()));
-  return cuda::launch(to_tiles_kernel, cuda::LaunchParams{dim3(grid), dim3(256), 0, static_cast<cudaStream_t>(ctx.cuda_stream)},
+  return cuda::launch(to_tiles_kernel, cuda::LaunchParams{dim3(grid), dim3(256), 0, cuda::stream_of(ctx)},
                       w.data, dst, w.rows, blocks, static_cast<int>(t.block_bytes));
 }
 

@@ -215,7 +215,7 @@ __global__ void combine_routed_kernel(const float* __restrict__ y, const int32_t
 
 cuda::LaunchParams flat(const ExecCtx& ctx, int64_t n) {
   return cuda::LaunchParams{dim3(static_cast<unsigned>((n + 255) / 256)), dim3(256), 0,
-                            static_cast<cudaStream_t>(ctx.cuda_stream)};
+                            cuda::stream_of(ctx)};
 }
 
 }  // namespace
@@ -248,13 +248,13 @@ Status route_cuda(const ExecCtx& ctx, const float* logits, const float* bias, in
   if (E <= 32 && lanes) {
     return cuda::launch(route_lanes_kernel,
                         cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), 0,
-                                           static_cast<cudaStream_t>(ctx.cuda_stream)},
+                                           cuda::stream_of(ctx)},
                         logits, bias, E, k, norm_topk, route_scale, experts, weights);
   }
   const size_t smem = 2 * static_cast<size_t>(E) * sizeof(float) + static_cast<size_t>(E);
   return cuda::launch(route_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>(S)), dim3(32), smem,
-                                         static_cast<cudaStream_t>(ctx.cuda_stream)},
+                                         cuda::stream_of(ctx)},
                       logits, bias, E, k, norm_topk, route_scale, experts, weights);
 }
 
@@ -263,7 +263,7 @@ Status swiglu_cuda(const ExecCtx& ctx, float* a, const float* b, int64_t S, int6
   if (S <= 0 || F <= 0) return absl::OkStatus();
   return cuda::launch(swiglu_kernel,
                       cuda::LaunchParams{dim3(static_cast<unsigned>((S * F + 255) / 256)), dim3(256), 0,
-                                         static_cast<cudaStream_t>(ctx.cuda_stream)},
+                                         cuda::stream_of(ctx)},
                       a, b, S, F, limit, weight);
 }
 

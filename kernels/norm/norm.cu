@@ -22,7 +22,7 @@ Status rms_norm_cuda(const ExecCtx& ctx, const float* x, const float* w, int64_t
   if (n_rows <= 0 || n <= 0) return absl::OkStatus();
   if (n_rows > 0x7fffffff) return absl::InvalidArgumentError(absl::StrCat("rms_norm_cuda: ", n_rows, " rows"));
   const dim3 grid(static_cast<unsigned>(n_rows));
-  const cudaStream_t st = static_cast<cudaStream_t>(ctx.cuda_stream);
+  const cudaStream_t st = cuda::stream_of(ctx);
   return cuda::with_norm_threads(n, [&](auto threads) {
     constexpr int kThreads = decltype(threads)::value;
     return cuda::launch(rms_norm_kernel<kThreads>, cuda::LaunchParams{grid, dim3(kThreads), 0, st}, x, w, n, eps, y);

@@ -25,7 +25,7 @@ Status run(const ExecCtx& ctx, float* v, int64_t n, int block) {
   if (n % block != 0) return absl::InvalidArgumentError(absl::StrCat("qdq: ", n, " values are not whole blocks of ", block));
   if (n <= 0) return absl::OkStatus();
   const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
-  return cuda::launch(qdq_kernel<K>, cuda::LaunchParams{dim3(blocks), dim3(256), 0, static_cast<cudaStream_t>(ctx.cuda_stream)},
+  return cuda::launch(qdq_kernel<K>, cuda::LaunchParams{dim3(blocks), dim3(256), 0, cuda::stream_of(ctx)},
                       v, n);
 }
 

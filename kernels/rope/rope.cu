@@ -28,7 +28,7 @@ Status apply_cuda(const ExecCtx& ctx, const float* freqs, int dims, float* v, in
   const int64_t pairs = n_rows * (dims / 2);
   if (pairs <= 0) return absl::OkStatus();
   const unsigned blocks = static_cast<unsigned>((pairs + 255) / 256);
-  return cuda::launch(rope_kernel, cuda::LaunchParams{dim3(blocks), dim3(256), 0, static_cast<cudaStream_t>(ctx.cuda_stream)},
+  return cuda::launch(rope_kernel, cuda::LaunchParams{dim3(blocks), dim3(256), 0, cuda::stream_of(ctx)},
                       freqs, dims / 2, v, n_rows, len, pos0.value, pos0.dev, rows_per_pos, pos_stride, inverse);
 }
 

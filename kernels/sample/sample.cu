@@ -257,7 +257,7 @@ class CudaSampler final : public DeviceSampler {
   }
 
  private:
-  cudaStream_t stream() const { return static_cast<cudaStream_t>(ctx_.cuda_stream); }
+  cudaStream_t stream() const { return cuda::stream_of(ctx_); }
   template <typename T>
   StatusOr<T*> alloc(int64_t n) {
     ASSIGN_OR_RETURN(void* p, device_alloc(ctx_, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T)));
