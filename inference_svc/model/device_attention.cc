@@ -21,11 +21,13 @@ using kernels::ExecCtx;
 namespace {
 // Appends n new latents (or index keys) of a ratio-r cache; in a capture the destination row is
 // read when the graph runs and the host counts the rows after each replay.
-Status append_rows(DeviceModel::Call& call, DevRows& rows, int r, const float* src, int64_t n) {
-  if (call.step == nullptr) return rows.append(call.ctx, src, n);
+// On ctx's stream; a call run as issued has made room for the rows first (DevRows::room_for) where
+// ctx is a branch's.
+Status append_rows(DeviceModel::Call& call, const ExecCtx& ctx, DevRows& rows, int r, const float* src, int64_t n) {
+  if (call.step == nullptr) return rows.append(ctx, src, n);
   if (n == 0) return absl::OkStatus();
   call.appends->push_back({&rows, n});
-  return kernels::attn::ring_write_cuda(call.ctx, src, call.new_row(r, rows.rows), n, rows.buf.size() / rows.width,
+  return kernels::attn::ring_write_cuda(ctx, src, call.new_row(r, rows.rows), n, rows.buf.size() / rows.width,
                                         rows.width, rows.buf.get());
 }
 
@@ -81,36 +83,42 @@ Status DeviceModel::compress(int l, Call& call, const ExecCtx& ctx, const float*
   return absl::OkStatus();
 }
 
-// Index sources: this layer's query scores against its KV source's index keys (KV sources
-// first turn their new latents into keys), candidate masks, top-k published to the call.
-Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr, const float* latent,
-                            int64_t n_new) const {
+// A KV source's new latents, on ctx's stream (the attention's branch): an index source's index
+// keys from them first, then each latent with RoPE at its group's first position and FP4 QDQ
+// joins the compressed cache.
+Status DeviceModel::cache_latents(int l, Call& call, const ExecCtx& ctx, float* latent, int64_t n_new) const {
+  if (n_new == 0) return absl::OkStatus();
+  const Layer& w = layers_[l];
+  const config::LayerConfig& L = cfg_.layers[l];
+  const int r = L.compress_ratio;
+  const int dims = static_cast<int>(cfg_.rope_dims);
+  const int64_t Dh = cfg_.head_dim, Di = cfg_.index_head_dim;
+  if (L.is_index_source) {
+    ASSIGN_OR_RETURN(auto k, DevBuf<float>::make(ctx, n_new * Di));  // freed on ctx, after its append
+    RETURN_IF_ERROR(dev_linear(ctx, w.idx_wk, latent, n_new, k.get()));
+    RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, k.get(), w.idx_k_norm, n_new, Di, cfg_.norm_eps, k.get()));
+    RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, dims, k.get(), n_new, Di, call.group_start(r), 1, false, r));
+    RETURN_IF_ERROR(kernels::qdq::fp4_e8m0_32_cuda(ctx, k.get(), n_new * Di));
+    RETURN_IF_ERROR(append_rows(call, ctx, call.seq.layers[l].index_k, r, k.get(), n_new));
+  }
+  RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, dims, latent, n_new, Dh, call.group_start(r), 1, false, r));
+  RETURN_IF_ERROR(kernels::qdq::fp4_e4m3_16_cuda(ctx, latent, n_new * Dh));
+  return append_rows(call, ctx, call.seq.layers[l].comp_kv, r, latent, n_new);
+}
+
+// Index sources: this layer's query scores against its KV source's index keys (cache_latents
+// made a KV source's new ones), candidate masks, top-k published to the call.
+Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr) const {
   const Layer& w = layers_[l];
   const config::LayerConfig& L = cfg_.layers[l];
   const ExecCtx& ctx = call.ctx;
   const int r = L.compress_ratio;
   const int64_t S = call.S, Hi = cfg_.n_index_head, Di = cfg_.index_head_dim, dims = cfg_.rope_dims;
-  if (L.is_kv_source && n_new > 0) {
-    ASSIGN_OR_RETURN(auto k, DevBuf<float>::make(ctx, n_new * Di));
-    RETURN_IF_ERROR(dev_linear(ctx, w.idx_wk, latent, n_new, k.get()));
-    RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, k.get(), w.idx_k_norm, n_new, Di, cfg_.norm_eps, k.get()));
-    RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(dims), k.get(), n_new, Di,
-                                              call.group_start(r), 1, false, r));
-    RETURN_IF_ERROR(kernels::qdq::fp4_e8m0_32_cuda(ctx, k.get(), n_new * Di));
-    RETURN_IF_ERROR(append_rows(call, call.seq.layers[l].index_k, r, k.get(), n_new));
-  }
   const DevRows& keys = call.seq.layers[L.kv_source].index_k;
   const int64_t n_keys = call.n_keys(r);
-  // Top-k of every key (index_topk at least the keys: contexts up to index_topk x ratio
-  // tokens) is every key in index order, whatever the scores: a layer that publishes no
-  // candidate mask then needs neither its queries nor their scores, and none takes the top-k.
+  // A top-k of every key takes no top-k (lists_every_key: a candidate source still scores).
   const int64_t k_sel = std::min<int64_t>(cfg_.index_topk, n_keys);
   const bool every_key = k_sel == n_keys && every_key_shortcut();
-  if (every_key && !L.is_candidate_source) {
-    ASSIGN_OR_RETURN(call.topk, DevBuf<int32_t>::make(ctx, S * k_sel));
-    call.topk_width = k_sel;
-    return kernels::attn::publish_topk_cuda(ctx, nullptr, S, k_sel, call.pos(), r, call.n_win, call.topk.get(), k_sel);
-  }
   ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * Hi * Di));
   RETURN_IF_ERROR(dev_linear(ctx, w.idx_wq_b, qr, S, q.get()));
   RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(dims), q.get(), S * Hi, Di, call.pos(), Hi));
@@ -140,29 +148,28 @@ Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr, 
   return kernels::attn::publish_topk_cuda(ctx, top.get(), S, k_sel, call.pos(), r, call.n_win, call.topk.get(), k_sel);
 }
 
-// Compressed part (a KV source's new latents made by compress): index sources select, new
-// latents get RoPE at their group's first position and FP4 QDQ before joining the cache;
-// kv_b = the KV source's cache.
-Status DeviceModel::compressed_kv(int l, Call& call, const float* x, const float* qr, float* latent, int64_t n_new,
-                                  const float*& kv_b) const {
+// Top-k of every key (index_topk at least the keys: contexts up to index_topk x ratio tokens)
+// is every key in index order, whatever the scores: an index source that publishes no candidate
+// mask then needs neither its queries nor their scores, and attention() publishes the list
+// beside the query.
+bool DeviceModel::lists_every_key(int l, const Call& call) const {
   const config::LayerConfig& L = cfg_.layers[l];
-  const ExecCtx& ctx = call.ctx;
-  const int r = L.compress_ratio;
-  const int64_t Dh = cfg_.head_dim, compress_len = call.n_keys(r);
-  if (L.is_index_source) {
-    Phase phase(*this, ctx, "attention.indexer");
-    if (compress_len == 0) {
+  if (!L.is_index_source || L.is_candidate_source || L.compress_ratio <= 0) return false;
+  const int64_t n_keys = call.n_keys(L.compress_ratio);
+  return n_keys > 0 && cfg_.index_topk >= n_keys && every_key_shortcut();
+}
+
+// Compressed part: index sources select; kv_b = the KV source's cache.
+Status DeviceModel::compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const {
+  const config::LayerConfig& L = cfg_.layers[l];
+  if (L.is_index_source && !lists_every_key(l, call)) {
+    Phase phase(*this, call.ctx, "attention.indexer");
+    if (call.n_keys(L.compress_ratio) == 0) {
       call.topk = DevBuf<int32_t>();
       call.topk_width = 0;
     } else {
-      RETURN_IF_ERROR(indexer(l, call, x, qr, latent, n_new));
+      RETURN_IF_ERROR(indexer(l, call, x, qr));
     }
-  }
-  if (n_new > 0) {
-    RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(cfg_.rope_dims), latent, n_new, Dh,
-                                              call.group_start(r), 1, false, r));
-    RETURN_IF_ERROR(kernels::qdq::fp4_e4m3_16_cuda(ctx, latent, n_new * Dh));
-    RETURN_IF_ERROR(append_rows(call, call.seq.layers[l].comp_kv, r, latent, n_new));
   }
   kv_b = call.seq.layers[L.kv_source].comp_kv.buf.get();
   return absl::OkStatus();
@@ -204,7 +211,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   std::optional<Phase> proj(std::in_place, *this, ctx, "attention.q_kv_projections");
   // On a branch, beside the query: the window rows, kv_norm(wkv x), RoPE, FP8 QDQ (at a decode
   // step the ring row too; then the rows attention reads, window_kv), and a KV source's new
-  // compressed latents.
+  // compressed latents, keyed and cached.
   ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * Dh));
   DeviceLayerState& st = call.seq.layers[l];
   const bool decode = pos0 > 0 && S == 1;
@@ -212,14 +219,32 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   DevBuf<float> latent;
   int64_t n_new = 0;
   if (kv_source) {
-    ASSIGN_OR_RETURN(latent, DevBuf<float>::make(ctx, (S / L.compress_ratio + 1) * Dh));
+    const int64_t most = S / L.compress_ratio + 1;
+    ASSIGN_OR_RETURN(latent, DevBuf<float>::make(ctx, most * Dh));
+    if (call.step == nullptr) {  // a capture reserved its capacity; else the caches grow here
+      RETURN_IF_ERROR(st.comp_kv.room_for(ctx, most));
+      if (L.is_index_source) RETURN_IF_ERROR(st.index_k.room_for(ctx, most));
+    }
+  }
+  const bool every_key = lists_every_key(l, call);
+  const int64_t n_keys = every_key ? call.n_keys(L.compress_ratio) : 0;
+  if (every_key) {  // the list published on the branch, allocated here
+    ASSIGN_OR_RETURN(call.topk, DevBuf<int32_t>::make(ctx, S * n_keys));
+    call.topk_width = n_keys;
   }
   BranchScope side(ctx, call.branch(1));
   RETURN_IF_ERROR(side.fork());
+  if (every_key) {
+    RETURN_IF_ERROR(kernels::attn::publish_topk_cuda(side.ctx(), nullptr, S, n_keys, pos, L.compress_ratio, call.n_win,
+                                                     call.topk.get(), n_keys));
+  }
   RETURN_IF_ERROR(dev_linear(side.ctx(), w.wkv, x, S, kv.get()));
   RETURN_IF_ERROR(kernels::attn::kv_rows_cuda(side.ctx(), kv.get(), S, Dh, w.kv_norm, cfg_.norm_eps, rope, dims, pos,
                                               decode ? st.ring.get() : nullptr, W));
-  if (kv_source) RETURN_IF_ERROR(compress(l, call, side.ctx(), x, latent.get(), &n_new));
+  if (kv_source) {
+    RETURN_IF_ERROR(compress(l, call, side.ctx(), x, latent.get(), &n_new));
+    RETURN_IF_ERROR(cache_latents(l, call, side.ctx(), latent.get(), n_new));
+  }
   // Query.
   ASSIGN_OR_RETURN(auto qr, DevBuf<float>::make(ctx, S * cfg_.q_lora_rank));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));
@@ -238,7 +263,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   if (!decode) RETURN_IF_ERROR(kernels::attn::ring_write_cuda(ctx, kv.get(), pos, S, W, Dh, st.ring.get()));
   proj.reset();
   const float* kv_b = nullptr;
-  if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), latent.get(), n_new, kv_b));
+  if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), kv_b));
   Phase sparse(*this, ctx, "attention.sparse_and_output");
   // Sparse attention with the sink over [window ; published top-k] (the window entries made
   // in the kernel, q's RoPE and the output's inverse RoPE there too), the grouped output.

@@ -60,11 +60,16 @@ std::map<std::string, double> DeviceModel::profile() const {
 
 Status DevRows::append(const ExecCtx& ctx, const float* src, int64_t n) {
   if (n <= 0) return absl::OkStatus();
-  if ((rows + n) * width > buf.size()) RETURN_IF_ERROR(reserve(ctx, std::max<int64_t>(2 * (rows + n), 64)));
+  RETURN_IF_ERROR(room_for(ctx, n));
   RETURN_IF_ERROR(
       kernels::copy(ctx, Copy::kDeviceToDevice, buf.get() + rows * width, src, n * width * sizeof(float)));
   rows += n;
   return absl::OkStatus();
+}
+
+Status DevRows::room_for(const ExecCtx& ctx, int64_t n) {
+  if ((rows + n) * width <= buf.size()) return absl::OkStatus();
+  return reserve(ctx, std::max<int64_t>(2 * (rows + n), 64));
 }
 
 Status DevRows::reserve(const ExecCtx& ctx, int64_t capacity) {
@@ -78,6 +83,7 @@ Status DevRows::reserve(const ExecCtx& ctx, int64_t capacity) {
 
 DeviceSequence::~DeviceSequence() {
   for (kernels::Branch& b : branches) kernels::branch_destroy(b);
+  for (kernels::Branch& b : engram_branches) kernels::branch_destroy(b);
   if (ctx.cuda_stream != nullptr) {
     (void)kernels::stream_sync(ctx);
     graphs.release();
@@ -243,6 +249,10 @@ StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::new_sequence() const {
     for (kernels::Branch& b : s->branches) {
       ASSIGN_OR_RETURN(b, kernels::branch_create());
     }
+    for (size_t e = 0; e < cfg_.engram.layer_ids.size(); ++e) {
+      ASSIGN_OR_RETURN(kernels::Branch b, kernels::branch_create());
+      s->engram_branches.push_back(b);
+    }
   }
   s->layers.resize(cfg_.n_layer);
   const int64_t Dh = cfg_.head_dim;
@@ -336,6 +346,60 @@ Status DeviceModel::eager(Sequence& seq, const std::vector<int32_t>& tokens, con
   return deliver(ds, out.get(), n, dout);
 }
 
+// Engram projections read the token ids alone (through their hashed rows), not h: where a
+// call's rows are at hand when it is issued (tables on the device, or a replay's staged rows)
+// and it is short (decode steps; held kv is S x 100 KB a layer), each Engram layer's rows are
+// gathered and projected from the pass's start on a branch of its own, beside the layers before
+// it, each branch after the previous one's; the layer joins it before its gate. Otherwise (a
+// prefill chunk staging its rows layer by layer, a segmented capture, no branches) the layer
+// projects them itself.
+class DeviceModel::EngramAhead {
+ public:
+  static constexpr int64_t kMaxTokens = 64;
+  explicit EngramAhead(const ExecCtx& main) : main_(main) {}
+  EngramAhead(const EngramAhead&) = delete;
+  EngramAhead& operator=(const EngramAhead&) = delete;
+  ~EngramAhead() {  // an early return: nothing the branches write is freed before they have run
+    for (const kernels::Branch* b : open_) {
+      if (b != nullptr) (void)kernels::join(main_, *b);
+    }
+  }
+
+  Status start(const DeviceModel& m, Call& call) {
+    const size_t n = m.cfg_.engram.layer_ids.size();
+    if (n == 0 || call.S > kMaxTokens || (m.engram_host_ && call.engram_host_ids != nullptr)) return absl::OkStatus();
+    const char* env = std::getenv("DSF_ENGRAM_AHEAD");  // "0": in the layers (measurement, tests)
+    if (env != nullptr && std::string_view(env) == "0") return absl::OkStatus();
+    for (size_t e = 0; e < n; ++e) {
+      if (call.engram_branch(e) == nullptr) return absl::OkStatus();
+    }
+    kv_.resize(n);
+    open_.assign(n, nullptr);
+    for (size_t e = 0; e < n; ++e) {
+      const kernels::Branch& b = *call.engram_branch(e);
+      ASSIGN_OR_RETURN(kv_[e], DevBuf<float>::make(main_, call.S * m.layers_[m.cfg_.engram.layer_ids[e]].engram_wkv.rows));
+      RETURN_IF_ERROR(kernels::fork(main_, b));
+      open_[e] = &b;
+      if (e > 0) RETURN_IF_ERROR(kernels::join(b.ctx, *open_[e - 1]));  // one projection at a time
+      RETURN_IF_ERROR(m.engram_project(e, call, b.ctx, kv_[e].get()));
+    }
+    return absl::OkStatus();
+  }
+
+  // Engram layer e's kv once main has joined its branch, or null: not projected ahead.
+  StatusOr<const float*> take(size_t e) {
+    if (e >= open_.size() || open_[e] == nullptr) return nullptr;
+    RETURN_IF_ERROR(kernels::join(main_, *open_[e]));
+    open_[e] = nullptr;
+    return kv_[e].get();
+  }
+
+ private:
+  const ExecCtx& main_;
+  std::vector<DevBuf<float>> kv_;  // freed on main, after the joins
+  std::vector<const kernels::Branch*> open_;
+};
+
 Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float* out) const {
   const ExecCtx& ctx = call.ctx;
   const int64_t S = call.S, C = cfg_.hc_mult, D = cfg_.n_embd;
@@ -364,11 +428,13 @@ Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float*
   }
   embed_phase.reset();
   ASSIGN_OR_RETURN(auto x, DevBuf<float>::make(ctx, S * cfg_.n_embd));
+  EngramAhead ahead(ctx);
+  RETURN_IF_ERROR(ahead.start(*this, call));
   bool x_ready = false;
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
     if (cfg_.layers[l].has_engram) {
       Phase phase(*this, ctx, "engram");
-      RETURN_IF_ERROR(engram(static_cast<int>(l), call, h));
+      RETURN_IF_ERROR(engram(static_cast<int>(l), call, h, ahead));
     }
     RETURN_IF_ERROR(block(static_cast<int>(l), call, h, h_alt, pre_mix, spare_pre, x.get(), x_ready));
   }
@@ -452,13 +518,26 @@ Status DeviceModel::head(Call& call, const float* h, const float* pre_mix, bool 
 
 // Engram (ffn.cc Model::engram): rows of the call's ids (hashed on the host, call.engram_ids)
 // gathered and projected on the device, gate and update.
-Status DeviceModel::engram(int l, Call& call, float* h) const {
+Status DeviceModel::engram(int l, Call& call, float* h, EngramAhead& ahead) const {
   const Layer& w = layers_[l];
   const ExecCtx& ctx = call.ctx;
   const config::EngramConfig& ec = cfg_.engram;
   size_t e = 0;
   while (ec.layer_ids[e] != l) ++e;
-  const int64_t cols = ec.cols(), S = call.S, C = cfg_.hc_mult, D = cfg_.n_embd;
+  const int64_t S = call.S, C = cfg_.hc_mult, D = cfg_.n_embd;
+  ASSIGN_OR_RETURN(const float* kv, ahead.take(e));
+  DevBuf<float> own;
+  if (kv == nullptr) {
+    ASSIGN_OR_RETURN(own, DevBuf<float>::make(ctx, S * w.engram_wkv.rows));
+    RETURN_IF_ERROR(engram_project(e, call, ctx, own.get()));
+    kv = own.get();
+  }
+  return kernels::engram::gate_update_cuda(ctx, h, kv, w.engram_qk, static_cast<int>(C), D, S, cfg_.norm_eps, nullptr);
+}
+
+Status DeviceModel::engram_project(size_t e, Call& call, const ExecCtx& ctx, float* kv) const {
+  const Layer& w = layers_[cfg_.engram.layer_ids[e]];
+  const int64_t cols = cfg_.engram.cols(), S = call.S;
   // The table on the device, or the call's rows staged from the host (by a replay's host
   // before it ran, else here: the copy overlaps the layers the stream is still running).
   const uint8_t* table = w.engram_embd.data;
@@ -472,14 +551,12 @@ Status DeviceModel::engram(int l, Call& call, float* h) const {
     table = call.engram_rows + off;
     n_rows = S * cols;
   }
+  // Allocated and freed on ctx: a branch's rows are freed on the branch, after its projection.
   ASSIGN_OR_RETURN(auto rows, DevBuf<float>::make(ctx, S * cols * w.engram_embd.cols));
   RETURN_IF_ERROR(kernels::dequant::gather_rows_cuda(ctx, w.engram_embd.type, table, w.engram_embd.cols,
                                                      w.engram_embd.row_bytes, n_rows,
                                                      call.engram_ids + e * S * cols, S * cols, true, rows.get()));
-  ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * w.engram_wkv.rows));
-  RETURN_IF_ERROR(dev_linear(ctx, w.engram_wkv, rows.get(), S, kv.get()));
-  return kernels::engram::gate_update_cuda(ctx, h, kv.get(), w.engram_qk, static_cast<int>(C), D, S, cfg_.norm_eps,
-                                           nullptr);
+  return dev_linear(ctx, w.engram_wkv, rows.get(), S, kv);
 }
 
 uint64_t DeviceModel::engram_stage_offset(size_t e, int64_t S) const {

@@ -72,6 +72,9 @@ struct DevRows {
   int64_t rows = 0, width = 0;
   int64_t reallocs = 0;  // how often buf moved (graphs captured on the old address are stale)
   Status append(const kernels::ExecCtx& ctx, const float* src, int64_t n);
+  // Room for n more rows (grown as append grows it), so that an append of up to n on another
+  // stream does not move buf.
+  Status room_for(const kernels::ExecCtx& ctx, int64_t n);
   // Room for `capacity` rows without moving again.
   Status reserve(const kernels::ExecCtx& ctx, int64_t capacity);
 };
@@ -132,6 +135,9 @@ struct DeviceSequence {
   // Branches beside it (BranchScope): 0 for a sub-layer's hc split, 1 for work inside the
   // sub-layer's body. Not made with DSF_BRANCHES=0 (measurement: everything on ctx).
   kernels::Branch branches[2];
+  // One branch per Engram layer: its rows gathered and projected from the pass's start
+  // (DeviceModel::EngramAhead).
+  std::vector<kernels::Branch> engram_branches;
   std::unique_ptr<kernels::sample::DeviceSampler> sampler;  // made by the first device draw
   std::vector<DeviceLayerState> layers;
   DecodeGraphs graphs;
@@ -278,11 +284,13 @@ class DeviceModel {
                bool& x_ready) const;
   Status attention(int l, Call& call, const float* x, float* y) const;
   // A KV source's new latents (n_new of them) into `latent` ([S / ratio + 1][head_dim]), on
-  // ctx's stream; then compressed_kv indexes and caches them.
+  // ctx's stream; then cache_latents keys (index sources) and caches them on that stream.
   Status compress(int l, Call& call, const kernels::ExecCtx& ctx, const float* x, float* latent, int64_t* n_new) const;
-  Status compressed_kv(int l, Call& call, const float* x, const float* qr, float* latent, int64_t n_new,
-                       const float*& kv_b) const;
-  Status indexer(int l, Call& call, const float* x, const float* qr, const float* latent, int64_t n_new) const;
+  Status cache_latents(int l, Call& call, const kernels::ExecCtx& ctx, float* latent, int64_t n_new) const;
+  // Index sources select (indexer); kv_b = the KV source's cache.
+  Status compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const;
+  Status indexer(int l, Call& call, const float* x, const float* qr) const;
+  bool lists_every_key(int l, const Call& call) const;
   Status grouped_output(int l, Call& call, const float* o, float* y) const;
   Status moe(int l, Call& call, const float* x, float* y) const;
   // Expert e of layer l: resident slices, or a lease from the streamed source (held by the call).
@@ -308,7 +316,11 @@ class DeviceModel {
   // The shared expert of S tokens x into out ([S][n_embd]), on ctx's stream.
   Status shared_expert(const Layer& w, const config::LayerConfig& L, const kernels::ExecCtx& ctx, int64_t S,
                        const float* x, float* out) const;
-  Status engram(int l, Call& call, float* h) const;
+  // Engram layer l's update of h; its projection taken from `ahead` where that made it.
+  class EngramAhead;
+  Status engram(int l, Call& call, float* h, EngramAhead& ahead) const;
+  // Engram layer e's table rows of the call gathered and projected into kv ([S][wkv rows]) on ctx.
+  Status engram_project(size_t e, Call& call, const kernels::ExecCtx& ctx, float* kv) const;
   Status head(Call& call, const float* h, const float* pre_mix, bool all_logits, float* out) const;
 
   config::ModelConfig cfg_;
@@ -386,6 +398,10 @@ struct DeviceModel::Call {
   // The sequence's branch i for a BranchScope, or null (none made; a segmented capture).
   const kernels::Branch* branch(int i) const {
     return segmenting == nullptr && seq.branches[i].ctx.cuda_stream != nullptr ? &seq.branches[i] : nullptr;
+  }
+  // The branch of Engram layer e (the e-th of the config's layer ids), or null as branch().
+  const kernels::Branch* engram_branch(size_t e) const {
+    return segmenting == nullptr && e < seq.engram_branches.size() ? &seq.engram_branches[e] : nullptr;
   }
   DevBuf<int32_t> topk;   // [S][topk_width], already + n_win, or -1
   int64_t topk_width = 0;

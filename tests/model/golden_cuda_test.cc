@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <tuple>
@@ -358,6 +359,45 @@ TEST_F(GoldenCuda, EngramTablesOnTheHostMatchDeviceTablesBitForBit) {
         EXPECT_EQ((*host)->decode_graph_replays() - replays0, 24);
       }
     }
+  }
+}
+
+// Engram rows gathered and projected on branches from a pass's start (calls of up to 64 tokens)
+// give the logits of the projections made in the layers (DSF_ENGRAM_AHEAD=0) bit for bit: eager
+// chunks and decode steps, and graph replays (captured with the switch as it was).
+TEST_F(GoldenCuda, EngramProjectionsAheadMatchTheLayersBitForBit) {
+  ASSERT_NE(synth_, nullptr);
+  auto run = [&](bool ahead, bool graphs) {
+    if (ahead) {
+      unsetenv("DSF_ENGRAM_AHEAD");
+    } else {
+      setenv("DSF_ENGRAM_AHEAD", "0", 1);
+    }
+    auto loaded = Model::load(*synth_, nullptr, LoadOptions{kernels::Backend::kCuda});
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    Model& m = **loaded;
+    EXPECT_GT(m.config().engram.layer_ids.size(), 0u);
+    m.set_decode_graphs(graphs);
+    const int32_t V = static_cast<int32_t>(m.config().n_vocab);
+    std::vector<float> out, logits;
+    auto seq = m.new_sequence();
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 19; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 104729) % (V - 3)));
+    EXPECT_TRUE(m.forward(*seq, prompt, true, &out).ok());
+    for (int i = 0; i < 20; ++i) {
+      EXPECT_TRUE(m.forward(*seq, {static_cast<int32_t>(3 + (i * 7919) % (V - 3))}, false, &logits).ok());
+      out.insert(out.end(), logits.begin(), logits.end());
+    }
+    unsetenv("DSF_ENGRAM_AHEAD");
+    return out;
+  };
+  const std::vector<float> ref = run(false, false);
+  for (bool graphs : {false, true}) {
+    const std::vector<float> got = run(true, graphs);
+    ASSERT_EQ(got.size(), ref.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < ref.size(); ++i) differ += std::memcmp(&got[i], &ref[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0) << "of " << ref.size() << " logits, graphs " << graphs;
   }
 }
 
