@@ -107,19 +107,20 @@ Status DeviceModel::cache_latents(int l, Call& call, const ExecCtx& ctx, float* 
 }
 
 // Index sources: this layer's query scores against its KV source's index keys (cache_latents
-// made a KV source's new ones), candidate masks, top-k published to the call.
-Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr) const {
+// made a KV source's new ones on the branch `keys_from`, joined before the scores, where not
+// null), candidate masks, top-k published to call.topk (select made it and call.cand), on ctx's
+// stream.
+Status DeviceModel::indexer(int l, Call& call, const ExecCtx& ctx, const kernels::Branch* keys_from, const float* x,
+                            const float* qr) const {
   const Layer& w = layers_[l];
   const config::LayerConfig& L = cfg_.layers[l];
-  const ExecCtx& ctx = call.ctx;
   const int r = L.compress_ratio;
   const int64_t S = call.S, Hi = cfg_.n_index_head, Di = cfg_.index_head_dim, dims = cfg_.rope_dims;
   const DevRows& keys = call.seq.layers[L.kv_source].index_k;
-  const int64_t n_keys = call.n_keys(r);
+  const int64_t n_keys = call.n_keys(r), k_sel = call.topk_width;
   // A top-k of every key takes no top-k (lists_every_key: a candidate source still scores).
-  const int64_t k_sel = std::min<int64_t>(cfg_.index_topk, n_keys);
   const bool every_key = k_sel == n_keys && every_key_shortcut();
-  ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * Hi * Di));
+  ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * Hi * Di));  // scratch: made and freed on ctx
   RETURN_IF_ERROR(dev_linear(ctx, w.idx_wq_b, qr, S, q.get()));
   RETURN_IF_ERROR(kernels::rope::apply_cuda(ctx, rope_yarn_, static_cast<int>(dims), q.get(), S * Hi, Di, call.pos(), Hi));
   RETURN_IF_ERROR(kernels::qdq::fp4_e8m0_32_cuda(ctx, q.get(), S * Hi * Di));
@@ -127,11 +128,10 @@ Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr) 
   RETURN_IF_ERROR(dev_linear(ctx, w.idx_proj, x, S, wts.get()));
   const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(Di)) / std::sqrt(static_cast<double>(Hi)));
   ASSIGN_OR_RETURN(auto score, DevBuf<float>::make(ctx, S * n_keys));
+  if (keys_from != nullptr) RETURN_IF_ERROR(kernels::join(ctx, *keys_from));
   RETURN_IF_ERROR(kernels::attn::index_scores_cuda(ctx, q.get(), S, static_cast<int>(Hi), Di, keys.buf.get(), n_keys,
                                                    wts.get(), wscale, call.pos(), r, score.get()));
   if (L.is_candidate_source) {
-    ASSIGN_OR_RETURN(call.cand, DevBuf<uint8_t>::make(ctx, S * n_keys));
-    call.cand_width = n_keys;
     RETURN_IF_ERROR(kernels::attn::candidate_mask_cuda(ctx, score.get(), S, n_keys, call.pos(), r,
                                                        cfg_.candidate_topk_blocks, cfg_.candidate_block_size,
                                                        call.cand.get()));
@@ -143,8 +143,6 @@ Status DeviceModel::indexer(int l, Call& call, const float* x, const float* qr) 
     ASSIGN_OR_RETURN(top, DevBuf<int32_t>::make(ctx, S * k_sel));
     RETURN_IF_ERROR(kernels::attn::topk_visible_cuda(ctx, score.get(), S, n_keys, k_sel, call.pos(), r, top.get()));
   }
-  ASSIGN_OR_RETURN(call.topk, DevBuf<int32_t>::make(ctx, S * k_sel));
-  call.topk_width = k_sel;
   return kernels::attn::publish_topk_cuda(ctx, top.get(), S, k_sel, call.pos(), r, call.n_win, call.topk.get(), k_sel);
 }
 
@@ -159,20 +157,30 @@ bool DeviceModel::lists_every_key(int l, const Call& call) const {
   return n_keys > 0 && cfg_.index_topk >= n_keys && every_key_shortcut();
 }
 
-// Compressed part: index sources select; kv_b = the KV source's cache.
-Status DeviceModel::compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const {
+// An index source's selection (indexer) from its query's latent qr on the branch `sel`, beside
+// the query's wq_b: its list and a candidate source's mask are made on the call's stream first
+// (their sizes are the host's); a KV source's branch `kv` (its new index keys) is joined
+// before the scores. Layers whose list is every key publish it on `kv` instead (attention()).
+Status DeviceModel::select(int l, Call& call, BranchScope& sel, const kernels::Branch* kv, const float* x,
+                           const float* qr) const {
   const config::LayerConfig& L = cfg_.layers[l];
-  if (L.is_index_source && !lists_every_key(l, call)) {
-    Phase phase(*this, call.ctx, "attention.indexer");
-    if (call.n_keys(L.compress_ratio) == 0) {
-      call.topk = DevBuf<int32_t>();
-      call.topk_width = 0;
-    } else {
-      RETURN_IF_ERROR(indexer(l, call, x, qr));
-    }
+  if (!L.is_index_source || L.compress_ratio <= 0 || lists_every_key(l, call)) return absl::OkStatus();
+  Phase phase(*this, call.ctx, "attention.indexer");
+  const int64_t S = call.S, n_keys = call.n_keys(L.compress_ratio);
+  if (n_keys == 0) {
+    call.topk = DevBuf<int32_t>();
+    call.topk_width = 0;
+    return absl::OkStatus();
   }
-  kv_b = call.seq.layers[L.kv_source].comp_kv.buf.get();
-  return absl::OkStatus();
+  const int64_t k_sel = std::min<int64_t>(cfg_.index_topk, n_keys);
+  ASSIGN_OR_RETURN(call.topk, DevBuf<int32_t>::make(call.ctx, S * k_sel));
+  call.topk_width = k_sel;
+  if (L.is_candidate_source) {
+    ASSIGN_OR_RETURN(call.cand, DevBuf<uint8_t>::make(call.ctx, S * n_keys));
+    call.cand_width = n_keys;
+  }
+  RETURN_IF_ERROR(sel.fork());
+  return indexer(l, call, sel.ctx(), L.is_kv_source ? kv : nullptr, x, qr);
 }
 
 // Grouped low-rank output: u[g] = wo_a[g] . o[g], out = wo_b(u), groups through strided copies.
@@ -245,13 +253,16 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
     RETURN_IF_ERROR(compress(l, call, side.ctx(), x, latent.get(), &n_new));
     RETURN_IF_ERROR(cache_latents(l, call, side.ctx(), latent.get(), n_new));
   }
-  // Query.
+  // Query; an index source's selection beside wq_b.
   ASSIGN_OR_RETURN(auto qr, DevBuf<float>::make(ctx, S * cfg_.q_lora_rank));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));
   RETURN_IF_ERROR(kernels::rms_norm_cuda(ctx, qr.get(), w.q_norm, S, cfg_.q_lora_rank, cfg_.norm_eps, qr.get()));
+  BranchScope sel(ctx, call.branch(2));
+  RETURN_IF_ERROR(select(l, call, sel, side.on() ? call.branch(1) : nullptr, x, qr.get()));
   ASSIGN_OR_RETURN(auto q, DevBuf<float>::make(ctx, S * H * Dh));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_b, qr.get(), S, q.get()));  // its RoPE is fused into sparse attention
   RETURN_IF_ERROR(side.join());
+  RETURN_IF_ERROR(sel.join());
   DevBuf<float> joined;  // a later prefill chunk: [ring before this call ; this call's rows]
   const float* kv_a = pos0 == 0 ? kv.get() : st.ring.get();
   if (pos0 > 0 && !decode) {
@@ -262,8 +273,7 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   }
   if (!decode) RETURN_IF_ERROR(kernels::attn::ring_write_cuda(ctx, kv.get(), pos, S, W, Dh, st.ring.get()));
   proj.reset();
-  const float* kv_b = nullptr;
-  if (L.compress_ratio > 0) RETURN_IF_ERROR(compressed_kv(l, call, x, qr.get(), kv_b));
+  const float* kv_b = L.compress_ratio > 0 ? call.seq.layers[L.kv_source].comp_kv.buf.get() : nullptr;
   Phase sparse(*this, ctx, "attention.sparse_and_output");
   // Sparse attention with the sink over [window ; published top-k] (the window entries made
   // in the kernel, q's RoPE and the output's inverse RoPE there too), the grouped output.

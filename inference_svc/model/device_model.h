@@ -133,8 +133,9 @@ struct DeviceSequence {
   ~DeviceSequence();
   kernels::ExecCtx ctx;  // the sequence's own stream
   // Branches beside it (BranchScope): 0 for a sub-layer's hc split, 1 for work inside the
-  // sub-layer's body. Not made with DSF_BRANCHES=0 (measurement: everything on ctx).
-  kernels::Branch branches[2];
+  // sub-layer's body, 2 for an index source's selection beside its query. Not made with
+  // DSF_BRANCHES=0 (measurement: everything on ctx).
+  kernels::Branch branches[3];
   // One branch per Engram layer: its rows gathered and projected from the pass's start
   // (DeviceModel::EngramAhead).
   std::vector<kernels::Branch> engram_branches;
@@ -287,9 +288,9 @@ class DeviceModel {
   // ctx's stream; then cache_latents keys (index sources) and caches them on that stream.
   Status compress(int l, Call& call, const kernels::ExecCtx& ctx, const float* x, float* latent, int64_t* n_new) const;
   Status cache_latents(int l, Call& call, const kernels::ExecCtx& ctx, float* latent, int64_t n_new) const;
-  // Index sources select (indexer); kv_b = the KV source's cache.
-  Status compressed_kv(int l, Call& call, const float* x, const float* qr, const float*& kv_b) const;
-  Status indexer(int l, Call& call, const float* x, const float* qr) const;
+  Status select(int l, Call& call, BranchScope& sel, const kernels::Branch* kv, const float* x, const float* qr) const;
+  Status indexer(int l, Call& call, const kernels::ExecCtx& ctx, const kernels::Branch* keys_from, const float* x,
+                 const float* qr) const;
   bool lists_every_key(int l, const Call& call) const;
   Status grouped_output(int l, Call& call, const float* o, float* y) const;
   Status moe(int l, Call& call, const float* x, float* y) const;
