@@ -207,25 +207,19 @@ Status DeviceModel::grouped_output(int l, Call& call, const float* o, float* y) 
   return dev_linear(ctx, w.wo_b, u.get(), S, y);
 }
 
-Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const {
+// The attention's KV path on the branch `side` (forked here), beside the query: the window rows,
+// kv_norm(wkv x) into kv, RoPE, FP8 QDQ (at a decode step the ring row too; then the rows
+// attention reads, window_kv), a KV source's new compressed latents (into `latent`, which the
+// caller frees after the join) keyed and cached, and a list of every key. What the chain reads
+// later is allocated on the call's stream before the fork, and the caches make room there.
+Status DeviceModel::kv_path(int l, Call& call, BranchScope& side, const float* x, float* kv,
+                            DevBuf<float>& latent) const {
   const Layer& w = layers_[l];
   const config::LayerConfig& L = cfg_.layers[l];
   const ExecCtx& ctx = call.ctx;
-  const float* rope = L.compress_ratio > 0 ? rope_yarn_ : rope_plain_;
-  const int dims = static_cast<int>(cfg_.rope_dims);
-  const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim, W = cfg_.window, pos0 = call.pos0;
-  const kernels::DevScalar pos = call.pos();
-  const size_t f = sizeof(float);
-  std::optional<Phase> proj(std::in_place, *this, ctx, "attention.q_kv_projections");
-  // On a branch, beside the query: the window rows, kv_norm(wkv x), RoPE, FP8 QDQ (at a decode
-  // step the ring row too; then the rows attention reads, window_kv), and a KV source's new
-  // compressed latents, keyed and cached.
-  ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * Dh));
+  const int64_t S = call.S, Dh = cfg_.head_dim, W = cfg_.window;
   DeviceLayerState& st = call.seq.layers[l];
-  const bool decode = pos0 > 0 && S == 1;
   const bool kv_source = L.compress_ratio > 0 && L.is_kv_source;
-  DevBuf<float> latent;
-  int64_t n_new = 0;
   if (kv_source) {
     const int64_t most = S / L.compress_ratio + 1;
     ASSIGN_OR_RETURN(latent, DevBuf<float>::make(ctx, most * Dh));
@@ -236,23 +230,44 @@ Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const
   }
   const bool every_key = lists_every_key(l, call);
   const int64_t n_keys = every_key ? call.n_keys(L.compress_ratio) : 0;
-  if (every_key) {  // the list published on the branch, allocated here
+  if (every_key) {
     ASSIGN_OR_RETURN(call.topk, DevBuf<int32_t>::make(ctx, S * n_keys));
     call.topk_width = n_keys;
   }
-  BranchScope side(ctx, call.branch(1));
   RETURN_IF_ERROR(side.fork());
+  const ExecCtx& b = side.ctx();
   if (every_key) {
-    RETURN_IF_ERROR(kernels::attn::publish_topk_cuda(side.ctx(), nullptr, S, n_keys, pos, L.compress_ratio, call.n_win,
+    RETURN_IF_ERROR(kernels::attn::publish_topk_cuda(b, nullptr, S, n_keys, call.pos(), L.compress_ratio, call.n_win,
                                                      call.topk.get(), n_keys));
   }
-  RETURN_IF_ERROR(dev_linear(side.ctx(), w.wkv, x, S, kv.get()));
-  RETURN_IF_ERROR(kernels::attn::kv_rows_cuda(side.ctx(), kv.get(), S, Dh, w.kv_norm, cfg_.norm_eps, rope, dims, pos,
+  RETURN_IF_ERROR(dev_linear(b, w.wkv, x, S, kv));
+  const float* rope = L.compress_ratio > 0 ? rope_yarn_ : rope_plain_;
+  const bool decode = call.pos0 > 0 && S == 1;
+  RETURN_IF_ERROR(kernels::attn::kv_rows_cuda(b, kv, S, Dh, w.kv_norm, cfg_.norm_eps, rope,
+                                              static_cast<int>(cfg_.rope_dims), call.pos(),
                                               decode ? st.ring.get() : nullptr, W));
-  if (kv_source) {
-    RETURN_IF_ERROR(compress(l, call, side.ctx(), x, latent.get(), &n_new));
-    RETURN_IF_ERROR(cache_latents(l, call, side.ctx(), latent.get(), n_new));
-  }
+  if (!kv_source) return absl::OkStatus();
+  int64_t n_new = 0;
+  RETURN_IF_ERROR(compress(l, call, b, x, latent.get(), &n_new));
+  return cache_latents(l, call, b, latent.get(), n_new);
+}
+
+Status DeviceModel::attention(int l, Call& call, const float* x, float* y) const {
+  const Layer& w = layers_[l];
+  const config::LayerConfig& L = cfg_.layers[l];
+  const ExecCtx& ctx = call.ctx;
+  const float* rope = L.compress_ratio > 0 ? rope_yarn_ : rope_plain_;
+  const int dims = static_cast<int>(cfg_.rope_dims);
+  const int64_t S = call.S, H = cfg_.n_head, Dh = cfg_.head_dim, W = cfg_.window, pos0 = call.pos0;
+  const kernels::DevScalar pos = call.pos();
+  const size_t f = sizeof(float);
+  std::optional<Phase> proj(std::in_place, *this, ctx, "attention.q_kv_projections");
+  ASSIGN_OR_RETURN(auto kv, DevBuf<float>::make(ctx, S * Dh));
+  DeviceLayerState& st = call.seq.layers[l];
+  const bool decode = pos0 > 0 && S == 1;
+  DevBuf<float> latent;  // the branch's: declared first, freed after side's join (also on an early return)
+  BranchScope side(ctx, call.branch(1));
+  RETURN_IF_ERROR(kv_path(l, call, side, x, kv.get(), latent));
   // Query; an index source's selection beside wq_b.
   ASSIGN_OR_RETURN(auto qr, DevBuf<float>::make(ctx, S * cfg_.q_lora_rank));
   RETURN_IF_ERROR(dev_linear(ctx, w.wq_a, x, S, qr.get()));

@@ -284,6 +284,7 @@ class DeviceModel {
   Status block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre, float* x,
                bool& x_ready) const;
   Status attention(int l, Call& call, const float* x, float* y) const;
+  Status kv_path(int l, Call& call, BranchScope& side, const float* x, float* kv, DevBuf<float>& latent) const;
   // A KV source's new latents (n_new of them) into `latent` ([S / ratio + 1][head_dim]), on
   // ctx's stream; then cache_latents keys (index sources) and caches them on that stream.
   Status compress(int l, Call& call, const kernels::ExecCtx& ctx, const float* x, float* latent, int64_t* n_new) const;
