@@ -148,7 +148,7 @@ Status DeviceModel::indexer(int l, Call& call, const ExecCtx& ctx, const kernels
 
 // Top-k of every key (index_topk at least the keys: contexts up to index_topk x ratio tokens)
 // is every key in index order, whatever the scores: an index source that publishes no candidate
-// mask then needs neither its queries nor their scores, and attention() publishes the list
+// mask then needs neither its queries nor their scores, and kv_path publishes the list
 // beside the query.
 bool DeviceModel::lists_every_key(int l, const Call& call) const {
   const config::LayerConfig& L = cfg_.layers[l];
@@ -160,7 +160,7 @@ bool DeviceModel::lists_every_key(int l, const Call& call) const {
 // An index source's selection (indexer) from its query's latent qr on the branch `sel`, beside
 // the query's wq_b: its list and a candidate source's mask are made on the call's stream first
 // (their sizes are the host's); a KV source's branch `kv` (its new index keys) is joined
-// before the scores. Layers whose list is every key publish it on `kv` instead (attention()).
+// before the scores. Layers whose list is every key publish it on `kv` instead (kv_path).
 Status DeviceModel::select(int l, Call& call, BranchScope& sel, const kernels::Branch* kv, const float* x,
                            const float* qr) const {
   const config::LayerConfig& L = cfg_.layers[l];
