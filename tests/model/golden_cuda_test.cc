@@ -384,10 +384,12 @@ TEST_F(GoldenCuda, EngramProjectionsAheadMatchTheLayersBitForBit) {
     std::vector<int32_t> prompt;
     for (int i = 0; i < 19; ++i) prompt.push_back(static_cast<int32_t>(3 + (i * 104729) % (V - 3)));
     EXPECT_TRUE(m.forward(*seq, prompt, true, &out).ok());
+    const int64_t replays0 = m.decode_graph_replays();
     for (int i = 0; i < 20; ++i) {
       EXPECT_TRUE(m.forward(*seq, {static_cast<int32_t>(3 + (i * 7919) % (V - 3))}, false, &logits).ok());
       out.insert(out.end(), logits.begin(), logits.end());
     }
+    EXPECT_EQ(m.decode_graph_replays() - replays0, graphs ? 20 : 0) << "ahead " << ahead;
     unsetenv("DSF_ENGRAM_AHEAD");
     return out;
   };
