@@ -255,6 +255,8 @@ StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::new_sequence() const {
     }
   }
   s->layers.resize(cfg_.n_layer);
+  ASSIGN_OR_RETURN(s->ffn_counters, DevBuf<int32_t>::make(s->ctx, kernels::kExpertsFfnCounters));
+  RETURN_IF_ERROR(kernels::fill_zero(s->ctx, s->ffn_counters.get(), kernels::kExpertsFfnCounters * sizeof(int32_t)));
   const int64_t Dh = cfg_.head_dim;
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
     DeviceLayerState& st = s->layers[l];
@@ -439,7 +441,7 @@ Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float*
     RETURN_IF_ERROR(block(static_cast<int>(l), call, h, h_alt, pre_mix, spare_pre, x.get(), x_ready));
   }
   Phase phase(*this, ctx, "head");
-  return head(call, h, pre_mix.get(), all_logits, out);
+  return head(call, h, pre_mix.get(), x_ready ? x.get() : nullptr, all_logits, out);
 }
 
 // One block (model.cc Model::block): each sub-layer collapses the streams with the previous
@@ -490,14 +492,17 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
     std::swap(h, h_alt);
     return absl::OkStatus();
   };
-  const bool next_block = l + 1 < static_cast<int>(cfg_.n_layer) && !cfg_.layers[l + 1].has_engram;
+  // What follows the block directly: the next block's attention norm, or the head's norm.
+  const bool last = l + 1 == static_cast<int>(cfg_.n_layer);
+  const bool next_block = !last && !cfg_.layers[l + 1].has_engram;
+  const float* exit_norm = next_block ? layers_[l + 1].attn_norm : last ? output_norm_ : nullptr;
   RETURN_IF_ERROR(sublayer(w.hc_attn, w.attn_norm, pre_mix.get(), spare_pre.get(), w.ffn_norm,
                            [&] {
                              Phase phase(*this, ctx, "attention");
                              return attention(l, call, x, y.get());
                            }));
   RETURN_IF_ERROR(sublayer(w.hc_ffn, w.ffn_norm, spare_pre.get(), pre_mix.get(),
-                           next_block ? layers_[l + 1].attn_norm : nullptr,
+                           exit_norm,
                            [&] {
                              Phase phase(*this, ctx, "moe");
                              return moe(l, call, x, y.get());
@@ -505,11 +510,13 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
   return absl::OkStatus();
 }
 
-Status DeviceModel::head(Call& call, const float* h, const float* pre_mix, bool all_logits, float* out) const {
+Status DeviceModel::head(Call& call, const float* h, const float* pre_mix, const float* normed, bool all_logits,
+                         float* out) const {
   const ExecCtx& ctx = call.ctx;
   const int C = static_cast<int>(cfg_.hc_mult);
   const int64_t D = cfg_.n_embd, S = call.S;
   const int64_t first = all_logits ? 0 : S - 1, n = S - first;
+  if (normed != nullptr) return dev_linear(ctx, output_, normed + first * D, n, out, kernels::OutRound::kF32);
   ASSIGN_OR_RETURN(auto x, DevBuf<float>::make(ctx, n * D));
   RETURN_IF_ERROR(kernels::hc::pre_norm_cuda(ctx, h + first * C * D, pre_mix + first * C, C, D, n, output_norm_,
                                              cfg_.norm_eps, x.get()));

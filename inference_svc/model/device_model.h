@@ -141,6 +141,9 @@ struct DeviceSequence {
   std::vector<kernels::Branch> engram_branches;
   std::unique_ptr<kernels::sample::DeviceSampler> sampler;  // made by the first device draw
   std::vector<DeviceLayerState> layers;
+  // The fused routed-expert FFN's counters (kernels::linear_experts_ffn_cuda): zero between
+  // launches, used by the sequence's own stream only.
+  DevBuf<int32_t> ffn_counters;
   DecodeGraphs graphs;
   uint8_t* engram_stage = nullptr;  // pinned: Engram rows on their way to the device
   uint64_t engram_stage_bytes = 0;
@@ -323,7 +326,9 @@ class DeviceModel {
   Status engram(int l, Call& call, float* h, EngramAhead& ahead) const;
   // Engram layer e's table rows of the call gathered and projected into kv ([S][wkv rows]) on ctx.
   Status engram_project(size_t e, Call& call, const kernels::ExecCtx& ctx, float* kv) const;
-  Status head(Call& call, const float* h, const float* pre_mix, bool all_logits, float* out) const;
+  // normed: the last block's exit has made the head's normed input already (rows [S][D]), or
+  // null: made here from h and pre_mix.
+  Status head(Call& call, const float* h, const float* pre_mix, const float* normed, bool all_logits, float* out) const;
 
   config::ModelConfig cfg_;
   kernels::ExecCtx load_ctx_;
