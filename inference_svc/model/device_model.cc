@@ -89,6 +89,7 @@ DeviceSequence::~DeviceSequence() {
     graphs.release();
     sampler.reset();
     layers.clear();  // frees on the stream before it goes
+    ffn_counters = DevBuf<int32_t>();
     (void)kernels::stream_sync(ctx);
     kernels::stream_destroy(ctx.cuda_stream);
   }
@@ -434,11 +435,11 @@ Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float*
   RETURN_IF_ERROR(ahead.start(*this, call));
   bool x_ready = false;
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
-    if (cfg_.layers[l].has_engram) {
+    if (cfg_.layers[l].has_engram && !x_ready) {  // else the block before applied its gate (block())
       Phase phase(*this, ctx, "engram");
       RETURN_IF_ERROR(engram(static_cast<int>(l), call, h, ahead));
     }
-    RETURN_IF_ERROR(block(static_cast<int>(l), call, h, h_alt, pre_mix, spare_pre, x.get(), x_ready));
+    RETURN_IF_ERROR(block(static_cast<int>(l), call, h, h_alt, pre_mix, spare_pre, x.get(), x_ready, ahead));
   }
   Phase phase(*this, ctx, "head");
   return head(call, h, pre_mix.get(), x_ready ? x.get() : nullptr, all_logits, out);
@@ -450,7 +451,7 @@ Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float*
 // expansion also makes the next sub-layer's normed input where that follows directly (not
 // across an Engram layer, whose update comes between).
 Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix,
-                          DevBuf<float>& spare_pre, float* x, bool& x_ready) const {
+                          DevBuf<float>& spare_pre, float* x, bool& x_ready, EngramAhead& ahead) const {
   const Layer& w = layers_[l];
   const ExecCtx& ctx = call.ctx;
   const int C = static_cast<int>(cfg_.hc_mult);
@@ -458,9 +459,10 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
   ASSIGN_OR_RETURN(auto post, DevBuf<float>::make(ctx, S * C));
   ASSIGN_OR_RETURN(auto comb, DevBuf<float>::make(ctx, S * C * C));
   ASSIGN_OR_RETURN(auto y, DevBuf<float>::make(ctx, S * D));
-  // next_norm: the next sub-layer's norm weights when its input is made here, else null.
+  // next_norm: the next sub-layer's norm weights when its input is made here, else null;
+  // gate_kv: the Engram layer's kv whose gate comes between (with next_norm), or null.
   auto sublayer = [&](const Layer::Hc& hw, const float* norm, const float* in_pre, float* out_pre,
-                      const float* next_norm, auto&& body) -> Status {
+                      const float* next_norm, const float* gate_kv, auto&& body) -> Status {
     std::optional<Phase> hc_phase(std::in_place, *this, ctx, "hc_pre_norm");
     const int iters = static_cast<int>(cfg_.hc_sinkhorn_iters);
     BranchScope split(ctx, call.branch(0));
@@ -482,7 +484,11 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
     RETURN_IF_ERROR(body());
     RETURN_IF_ERROR(split.join());
     Phase post_phase(*this, ctx, "hc_post");
-    if (next_norm != nullptr) {  // the next sub-layer's pre is this one's (out_pre)
+    if (gate_kv != nullptr) {  // the Engram layer after this block, then the next sub-layer's norm
+      RETURN_IF_ERROR(kernels::hc::post_gate_pre_norm_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, gate_kv,
+                                                           layers_[l + 1].engram_qk, out_pre, next_norm, cfg_.norm_eps,
+                                                           h_alt, x));
+    } else if (next_norm != nullptr) {  // the next sub-layer's pre is this one's (out_pre)
       RETURN_IF_ERROR(kernels::hc::post_pre_norm_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, out_pre,
                                                       next_norm, cfg_.norm_eps, h_alt, x));
     } else {
@@ -496,13 +502,21 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
   const bool last = l + 1 == static_cast<int>(cfg_.n_layer);
   const bool next_block = !last && !cfg_.layers[l + 1].has_engram;
   const float* exit_norm = next_block ? layers_[l + 1].attn_norm : last ? output_norm_ : nullptr;
-  RETURN_IF_ERROR(sublayer(w.hc_attn, w.attn_norm, pre_mix.get(), spare_pre.get(), w.ffn_norm,
+  // An Engram layer next: its gate joins the block's exit where one kernel takes them
+  // (post_gate_pre_norm_cuda), its kv taken (or projected) before the FFN.
+  DevBuf<float> own_kv;
+  const float* gate_kv = nullptr;
+  if (!last && !next_block && kernels::hc::post_gate_pre_norm_applies(C, D)) {
+    ASSIGN_OR_RETURN(gate_kv, engram_kv(l + 1, call, ahead, own_kv));
+    exit_norm = layers_[l + 1].attn_norm;
+  }
+  RETURN_IF_ERROR(sublayer(w.hc_attn, w.attn_norm, pre_mix.get(), spare_pre.get(), w.ffn_norm, nullptr,
                            [&] {
                              Phase phase(*this, ctx, "attention");
                              return attention(l, call, x, y.get());
                            }));
   RETURN_IF_ERROR(sublayer(w.hc_ffn, w.ffn_norm, spare_pre.get(), pre_mix.get(),
-                           exit_norm,
+                           exit_norm, gate_kv,
                            [&] {
                              Phase phase(*this, ctx, "moe");
                              return moe(l, call, x, y.get());
@@ -526,20 +540,20 @@ Status DeviceModel::head(Call& call, const float* h, const float* pre_mix, const
 // Engram (ffn.cc Model::engram): rows of the call's ids (hashed on the host, call.engram_ids)
 // gathered and projected on the device, gate and update.
 Status DeviceModel::engram(int l, Call& call, float* h, EngramAhead& ahead) const {
-  const Layer& w = layers_[l];
-  const ExecCtx& ctx = call.ctx;
-  const config::EngramConfig& ec = cfg_.engram;
-  size_t e = 0;
-  while (ec.layer_ids[e] != l) ++e;
-  const int64_t S = call.S, C = cfg_.hc_mult, D = cfg_.n_embd;
-  ASSIGN_OR_RETURN(const float* kv, ahead.take(e));
   DevBuf<float> own;
-  if (kv == nullptr) {
-    ASSIGN_OR_RETURN(own, DevBuf<float>::make(ctx, S * w.engram_wkv.rows));
-    RETURN_IF_ERROR(engram_project(e, call, ctx, own.get()));
-    kv = own.get();
-  }
-  return kernels::engram::gate_update_cuda(ctx, h, kv, w.engram_qk, static_cast<int>(C), D, S, cfg_.norm_eps, nullptr);
+  ASSIGN_OR_RETURN(const float* kv, engram_kv(l, call, ahead, own));
+  return kernels::engram::gate_update_cuda(call.ctx, h, kv, layers_[l].engram_qk, static_cast<int>(cfg_.hc_mult),
+                                           cfg_.n_embd, call.S, cfg_.norm_eps, nullptr);
+}
+
+StatusOr<const float*> DeviceModel::engram_kv(int l, Call& call, EngramAhead& ahead, DevBuf<float>& own) const {
+  size_t e = 0;
+  while (cfg_.engram.layer_ids[e] != l) ++e;
+  ASSIGN_OR_RETURN(const float* kv, ahead.take(e));
+  if (kv != nullptr) return kv;
+  ASSIGN_OR_RETURN(own, DevBuf<float>::make(call.ctx, call.S * layers_[l].engram_wkv.rows));
+  RETURN_IF_ERROR(engram_project(e, call, call.ctx, own.get()));
+  return own.get();
 }
 
 Status DeviceModel::engram_project(size_t e, Call& call, const ExecCtx& ctx, float* kv) const {

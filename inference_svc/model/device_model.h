@@ -284,8 +284,9 @@ class DeviceModel {
   // sub-layers expand). x [S][n_embd]: a sub-layer's normed input; x_ready: x already holds
   // the first sub-layer's (the previous block's last post made it), and on return whether it
   // holds the next block's.
+  class EngramAhead;
   Status block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix, DevBuf<float>& spare_pre, float* x,
-               bool& x_ready) const;
+               bool& x_ready, EngramAhead& ahead) const;
   Status attention(int l, Call& call, const float* x, float* y) const;
   Status kv_path(int l, Call& call, BranchScope& side, const float* x, float* kv, DevBuf<float>& latent) const;
   // A KV source's new latents (n_new of them) into `latent` ([S / ratio + 1][head_dim]), on
@@ -322,8 +323,10 @@ class DeviceModel {
   Status shared_expert(const Layer& w, const config::LayerConfig& L, const kernels::ExecCtx& ctx, int64_t S,
                        const float* x, float* out) const;
   // Engram layer l's update of h; its projection taken from `ahead` where that made it.
-  class EngramAhead;
   Status engram(int l, Call& call, float* h, EngramAhead& ahead) const;
+  // Engram layer l's kv ([S][wkv rows]): projected ahead (joined here), else into `own` on the
+  // call's stream.
+  StatusOr<const float*> engram_kv(int l, Call& call, EngramAhead& ahead, DevBuf<float>& own) const;
   // Engram layer e's table rows of the call gathered and projected into kv ([S][wkv rows]) on ctx.
   Status engram_project(size_t e, Call& call, const kernels::ExecCtx& ctx, float* kv) const;
   // normed: the last block's exit has made the head's normed input already (rows [S][D]), or

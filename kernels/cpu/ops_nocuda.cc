@@ -104,6 +104,11 @@ Status post_pre_norm_cuda(const ExecCtx&, const float*, const float*, const floa
                           const float*, const float*, float, float*, float*) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
+Status post_gate_pre_norm_cuda(const ExecCtx&, const float*, const float*, const float*, const float*, int, int64_t,
+                               int64_t, const float*, const float*, const float*, const float*, float, float*, float*) {
+  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
+}
+bool post_gate_pre_norm_applies(int, int64_t) { return false; }
 }  // namespace hc
 
 namespace qdq {

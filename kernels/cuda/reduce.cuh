@@ -48,4 +48,31 @@ __device__ float cluster_sum(float v, int vt) {
   return total;
 }
 
+// cluster_sum of kN values at once (v[i] becomes its sum over the cluster): two cluster
+// barriers for all kN, each value's tree as cluster_sum's.
+template <int kThreads, int kCtas, int kN>
+__device__ void cluster_sums(float (&v)[kN], int vt) {
+  static_assert(kThreads / 32 <= 32 && kThreads % (32 * kCtas) == 0 && kN <= kThreads / kCtas);
+  __shared__ float part[kN][kThreads / 32];  // rank 0's holds every warp's sums
+  __shared__ float total[kN];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  float(*part0)[kThreads / 32] = cluster.map_shared_rank(part, 0);
+#pragma unroll
+  for (int i = 0; i < kN; ++i) {
+    for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+    if ((threadIdx.x & 31) == 0) part0[i][vt >> 5] = v[i];
+  }
+  cluster.sync();
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = w; i < kN; i += kThreads / kCtas / 32) {  // rank 0's values, a warp a value
+    float x = lane < kThreads / 32 ? part0[i][lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    if (lane == 0) total[i] = x;
+  }
+  cluster.sync();  // rank 0's parts are read by every CTA before any leaves; total is visible
+#pragma unroll
+  for (int i = 0; i < kN; ++i) v[i] = total[i];
+}
+
 }  // namespace dsflash::kernels::cuda

@@ -3,6 +3,7 @@
 #include "kernels/cuda/math.cuh"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/engram/engram_cuda.h"
+#include "kernels/engram/gate.cuh"
 
 namespace dsflash::kernels::engram {
 namespace {
@@ -29,11 +30,7 @@ __global__ void gate_update_kernel(float* __restrict__ h, const float* __restric
   hh = cuda::block_sum<kThreads>(hh, part);
   kk = cuda::block_sum<kThreads>(kk, part);
   dot = cuda::block_sum<kThreads>(dot, part);
-  const float fd = static_cast<float>(D);
-  const float inv_sqrt_d = static_cast<float>(1.0 / sqrt(static_cast<double>(D)));
-  const float rstd = __fmul_rn(1.0f / sqrtf(hh / fd + eps), 1.0f / sqrtf(kk / fd + eps));
-  const float v = __fmul_rn(__fmul_rn(dot, rstd), inv_sqrt_d);
-  const float g = 1.0f / (1.0f + expf(-copysignf(sqrtf(fmaxf(fabsf(v), 1e-6f)), v)));
+  const float g = gate_of(hh, kk, dot, D, eps);
   if (gate != nullptr && threadIdx.x == 0) gate[t * C + c] = g;
   for (int64_t d = threadIdx.x; d < D; d += kThreads) hc[d] = cuda::round_bf16(__fadd_rn(hc[d], __fmul_rn(g, value[d])));
 }

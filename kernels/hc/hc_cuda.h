@@ -40,4 +40,14 @@ Status post_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, 
                           int C, int64_t D, int64_t S, const float* pre, const float* norm_w, float norm_eps, float* h,
                           float* y);
 
+// post_cuda(x, res, post, comb) into h, engram::gate_update_cuda(h, kv, qk) on it (an Engram
+// layer between two sub-layers), then pre_norm_cuda(h, pre, norm_w) into y, in one launch (a
+// cluster of 8 CTAs a token); the gate's sums reduce in another tree than gate_update_cuda's
+// (fp32 rounding apart). Where post_gate_pre_norm_applies (C = 4, D <= 8,192; not with
+// DSF_ENGRAM_EXIT=0, measurement); else Unimplemented.
+Status post_gate_pre_norm_cuda(const ExecCtx& ctx, const float* x, const float* res, const float* post,
+                               const float* comb, int C, int64_t D, int64_t S, const float* kv, const float* qk,
+                               const float* pre, const float* norm_w, float norm_eps, float* h, float* y);
+bool post_gate_pre_norm_applies(int C, int64_t D);
+
 }  // namespace dsflash::kernels::hc

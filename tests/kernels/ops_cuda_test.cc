@@ -16,6 +16,7 @@
 #include "tests/kernels/cuda_test_util.h"
 #include "common/quant/quant.h"
 #include "kernels/norm/norm.h"
+#include "kernels/engram/engram_cuda.h"
 #include "kernels/hc/hc.h"
 #include "kernels/hc/hc_cuda.h"
 #include "kernels/norm/norm_cuda.h"
@@ -303,6 +304,63 @@ TEST_F(OpsCuda, FusedHyperConnectionOpsEqualTheOpsTheyJoin) {
       }
     }
   }
+}
+
+
+// A sub-layer's exit with an Engram layer's gate before the next norm (post_gate_pre_norm_cuda)
+// against its three launches: the gate's row sums reduce in another tree, so a stream value
+// may move by one bf16 ulp where the gate differs in its last bits (and the norm's output by
+// two); nearly all are bit for bit.
+TEST_F(OpsCuda, EngramExitEqualsTheOpsItJoins) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int C = 4;
+  size_t exact_h = 0, exact_y = 0, total_h = 0, total_y = 0;
+  for (int64_t D : {17, 257, 2049, 5120, 8192}) {
+    for (int64_t S : {1, 3}) {
+      const std::string at = "D=" + std::to_string(D) + " S=" + std::to_string(S);
+      std::vector<float> res(static_cast<size_t>(S * C * D)), xo(static_cast<size_t>(S * D)), nw(D);
+      std::vector<float> kv(static_cast<size_t>(S * (C + 1) * D)), qk(static_cast<size_t>(C * D));
+      std::vector<float> post(static_cast<size_t>(S * C)), comb(static_cast<size_t>(S * C * C)), pre(post.size());
+      for (float& v : res) v = quant::round_bf16(nd(rng));
+      for (float& v : xo) v = quant::round_bf16(nd(rng));
+      for (float& v : kv) v = quant::round_bf16(nd(rng));
+      for (float& v : qk) v = 1.0f + 0.2f * nd(rng);
+      for (float& v : nw) v = 1.0f + 0.1f * nd(rng);
+      for (float& v : post) v = 0.5f + 0.2f * nd(rng);
+      for (float& v : comb) v = 0.25f + 0.1f * nd(rng);
+      for (float& v : pre) v = 0.5f + 0.2f * nd(rng);
+      const std::vector<float> nan_h(res.size(), std::nanf("")), nan_d(xo.size(), std::nanf(""));
+      float *dres = dev(res), *dxo = dev(xo), *dkv = dev(kv), *dqk = dev(qk), *dnw = dev(nw);
+      float *dpost = dev(post), *dcomb = dev(comb), *dpre = dev(pre);
+      float *h1 = dev(nan_h), *h2 = dev(nan_h), *y1 = dev(nan_d), *y2 = dev(nan_d);
+      ASSERT_TRUE(hc::post_cuda(ctx(), dxo, dres, dpost, dcomb, C, D, S, h1).ok());
+      ASSERT_TRUE(engram::gate_update_cuda(ctx(), h1, dkv, dqk, C, D, S, 1e-6f, nullptr).ok());
+      ASSERT_TRUE(hc::pre_norm_cuda(ctx(), h1, dpre, C, D, S, dnw, 1e-6f, y1).ok());
+      ASSERT_TRUE(hc::post_gate_pre_norm_applies(C, D)) << at;
+      ASSERT_TRUE(hc::post_gate_pre_norm_cuda(ctx(), dxo, dres, dpost, dcomb, C, D, S, dkv, dqk, dpre, dnw, 1e-6f, h2, y2)
+                      .ok());
+      sync();
+      expect_close(to_host(h1, res.size()), to_host(h2, res.size()), &exact_h, "streams " + at);
+      total_h += res.size();
+      const std::vector<float> want = to_host(y1, xo.size()), got = to_host(y2, xo.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_FALSE(std::isnan(got[i])) << "normed " << at << " [" << i << "] not written";
+        const float ulp = std::ldexp(1.0f, std::ilogb(std::max(std::fabs(want[i]), std::fabs(got[i]))) - 7);
+        ASSERT_LE(std::fabs(want[i] - got[i]), 2 * ulp) << "normed " << at << " [" << i << "]";
+        exact_y += want[i] == got[i];
+      }
+      total_y += want.size();
+    }
+  }
+  std::printf("engram exit: %zu of %zu stream values and %zu of %zu normed values bit for bit\n", exact_h, total_h,
+              exact_y, total_y);
+  EXPECT_GE(exact_h, total_h * 99 / 100);
+  EXPECT_GE(exact_y, total_y * 98 / 100);
+  EXPECT_FALSE(hc::post_gate_pre_norm_applies(3, 5120));
+  const Status s3 = hc::post_gate_pre_norm_cuda(ctx(), nullptr, nullptr, nullptr, nullptr, 3, 5120, 1, nullptr, nullptr,
+                                                nullptr, nullptr, 1e-6f, nullptr, nullptr);
+  EXPECT_EQ(s3.code(), absl::StatusCode::kUnimplemented) << s3;
 }
 
 }  // namespace
