@@ -89,7 +89,6 @@ DeviceSequence::~DeviceSequence() {
     graphs.release();
     sampler.reset();
     layers.clear();  // frees on the stream before it goes
-    ffn_counters = DevBuf<int32_t>();
     (void)kernels::stream_sync(ctx);
     kernels::stream_destroy(ctx.cuda_stream);
   }
@@ -256,8 +255,6 @@ StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::new_sequence() const {
     }
   }
   s->layers.resize(cfg_.n_layer);
-  ASSIGN_OR_RETURN(s->ffn_counters, DevBuf<int32_t>::make(s->ctx, kernels::kExpertsFfnCounters));
-  RETURN_IF_ERROR(kernels::fill_zero(s->ctx, s->ffn_counters.get(), kernels::kExpertsFfnCounters * sizeof(int32_t)));
   const int64_t Dh = cfg_.head_dim;
   for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
     DeviceLayerState& st = s->layers[l];

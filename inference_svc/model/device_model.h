@@ -141,9 +141,6 @@ struct DeviceSequence {
   std::vector<kernels::Branch> engram_branches;
   std::unique_ptr<kernels::sample::DeviceSampler> sampler;  // made by the first device draw
   std::vector<DeviceLayerState> layers;
-  // The fused routed-expert FFN's counters (kernels::linear_experts_ffn_cuda): zero between
-  // launches, used by the sequence's own stream only.
-  DevBuf<int32_t> ffn_counters;
   DecodeGraphs graphs;
   uint8_t* engram_stage = nullptr;  // pinned: Engram rows on their way to the device
   uint64_t engram_stage_bytes = 0;

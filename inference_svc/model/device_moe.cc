@@ -329,13 +329,6 @@ Status DeviceModel::decode_experts(int l, Call& call, const float* x, const Expe
     RETURN_IF_ERROR(kernels::moe::swiglu_cuda(ctx, a.get(), b.get(), K, F, L.swiglu_limit_exp, weights));
     ASSIGN_OR_RETURN(const ActQ8Buf aq, quantize_act_q8(ctx, a.get(), F, n));
     RETURN_IF_ERROR(kernels::linear_experts_q8_cuda(ctx, t.base.down, t.down_stride, t.ids, n, aq.view(), false, ye.get(), D));
-  } else if (call.seq.ffn_counters.get() != nullptr &&
-             kernels::linear_experts_ffn_supported(t.base.gate, t.gate_stride, t.base.up, t.up_stride, t.base.down,
-                                                   t.down_stride, n)) {
-    // One launch: each expert's down starts once its own gate/up rows are done.
-    RETURN_IF_ERROR(kernels::linear_experts_ffn_cuda(ctx, t.base.gate, t.gate_stride, t.base.up, t.up_stride, t.base.down,
-                                                     t.down_stride, t.ids, n, x, L.swiglu_limit_exp, weights, a.get(),
-                                                     b.get(), ye.get(), D, call.seq.ffn_counters.get()));
   } else {
     RETURN_IF_ERROR(kernels::linear_experts_gate_up_cuda(ctx, t.base.gate, t.gate_stride, t.base.up, t.up_stride, t.ids, n,
                                                          x, a.get(), b.get(), F));

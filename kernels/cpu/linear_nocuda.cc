@@ -33,14 +33,6 @@ Status linear_experts_gate_up_cuda(const ExecCtx&, const Weight&, int64_t, const
                                    const float*, float*, float*, int64_t, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-bool linear_experts_ffn_supported(const Weight&, int64_t, const Weight&, int64_t, const Weight&, int64_t, int) {
-  return false;
-}
-Status linear_experts_ffn_cuda(const ExecCtx&, const Weight&, int64_t, const Weight&, int64_t, const Weight&, int64_t,
-                               const int32_t*, int, const float*, float, const float*, float*, float*, float*, int64_t,
-                               int32_t*) {
-  return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
-}
 Status linear_batch_mma_cuda(const ExecCtx&, const LinearJob*, int, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }

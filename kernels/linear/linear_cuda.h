@@ -100,22 +100,4 @@ Status linear_experts_gate_up_cuda(const ExecCtx& ctx, const Weight& gate, int64
                                    int64_t up_bytes, const int32_t* ids, int n, const float* x, float* y_gate, float* y_up,
                                    int64_t y_stride, OutRound round = OutRound::kBf16);
 
-// The routed experts' FFN of one decode token in one launch (linear/experts_ffn.cu): for k < n,
-// a + k F = bf16 swiglu(G_{ids[k]} x, U_{ids[k]} x, limit, weights[k]) (moe::swiglu_cuda's
-// values; weights null: 1) and y + k y_stride = D_{ids[k]} (a + k F), F = gate.rows, each
-// product as linear_experts_cuda's bit for bit; b [n][F] holds the up products. Each expert's
-// down waits for its own gate/up only (a count in `counters`, kExpertsFfnCounters ints of
-// device memory zero before the first launch and left zero by each; one launch at a time uses
-// them). Where linear_experts_ffn_supported: tiled Q2_K gate and up, a tiled Q2_K or Q3_K
-// down, the released model's shapes' row groups, n <= kMaxExpertsFfn; DSF_EXPERTS_FFN=0 turns
-// it off (measurement). Else Unimplemented.
-constexpr int kMaxExpertsFfn = 16;
-constexpr int kExpertsFfnCounters = 2 + kMaxExpertsFfn;
-bool linear_experts_ffn_supported(const Weight& gate, int64_t gate_bytes, const Weight& up, int64_t up_bytes,
-                                  const Weight& down, int64_t down_bytes, int n);
-Status linear_experts_ffn_cuda(const ExecCtx& ctx, const Weight& gate, int64_t gate_bytes, const Weight& up,
-                               int64_t up_bytes, const Weight& down, int64_t down_bytes, const int32_t* ids, int n,
-                               const float* x, float limit, const float* weights, float* a, float* b, float* y,
-                               int64_t y_stride, int32_t* counters);
-
 }  // namespace dsflash::kernels

@@ -2,7 +2,6 @@
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/cuda/math.cuh"
 #include "kernels/moe/moe_cuda.h"
-#include "kernels/moe/swiglu.cuh"
 
 namespace dsflash::kernels::moe {
 namespace {
@@ -112,7 +111,14 @@ __global__ void swiglu_kernel(float* __restrict__ a, const float* __restrict__ b
   cuda::await_inputs();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= S * F) return;
-  a[i] = swiglu_value(a[i], b[i], limit, weight ? weight[i / F] : 1.0f);
+  float g = a[i], u = b[i];
+  if (limit > 0) {
+    u = fminf(fmaxf(u, -limit), limit);
+    g = fminf(g, limit);
+  }
+  const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+  const float w = weight ? weight[i / F] : 1.0f;
+  a[i] = cuda::round_bf16(__fmul_rn(w, __fmul_rn(silu, u)));
 }
 
 __global__ void combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ rows,
