@@ -457,9 +457,9 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
   ASSIGN_OR_RETURN(auto comb, DevBuf<float>::make(ctx, S * C * C));
   ASSIGN_OR_RETURN(auto y, DevBuf<float>::make(ctx, S * D));
   // next_norm: the next sub-layer's norm weights when its input is made here, else null;
-  // gate_kv: the Engram layer's kv whose gate comes between (with next_norm), or null.
+  // gate_layer: the Engram layer whose gate comes between (with next_norm), or -1.
   auto sublayer = [&](const Layer::Hc& hw, const float* norm, const float* in_pre, float* out_pre,
-                      const float* next_norm, const float* gate_kv, auto&& body) -> Status {
+                      const float* next_norm, int gate_layer, auto&& body) -> Status {
     std::optional<Phase> hc_phase(std::in_place, *this, ctx, "hc_pre_norm");
     const int iters = static_cast<int>(cfg_.hc_sinkhorn_iters);
     BranchScope split(ctx, call.branch(0));
@@ -481,10 +481,13 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
     RETURN_IF_ERROR(body());
     RETURN_IF_ERROR(split.join());
     Phase post_phase(*this, ctx, "hc_post");
-    if (gate_kv != nullptr) {  // the Engram layer after this block, then the next sub-layer's norm
-      RETURN_IF_ERROR(kernels::hc::post_gate_pre_norm_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, gate_kv,
-                                                           layers_[l + 1].engram_qk, out_pre, next_norm, cfg_.norm_eps,
-                                                           h_alt, x));
+    if (gate_layer >= 0) {  // the Engram layer after this block, then the next sub-layer's norm
+      // Its kv joined (or projected) only here: the projection ahead runs beside the block.
+      DevBuf<float> own;
+      ASSIGN_OR_RETURN(const float* kv, engram_kv(gate_layer, call, ahead, own));
+      RETURN_IF_ERROR(kernels::hc::post_gate_pre_norm_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, kv,
+                                                           layers_[gate_layer].engram_qk, out_pre, next_norm,
+                                                           cfg_.norm_eps, h_alt, x));
     } else if (next_norm != nullptr) {  // the next sub-layer's pre is this one's (out_pre)
       RETURN_IF_ERROR(kernels::hc::post_pre_norm_cuda(ctx, y.get(), h, post.get(), comb.get(), C, D, S, out_pre,
                                                       next_norm, cfg_.norm_eps, h_alt, x));
@@ -500,20 +503,19 @@ Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<fl
   const bool next_block = !last && !cfg_.layers[l + 1].has_engram;
   const float* exit_norm = next_block ? layers_[l + 1].attn_norm : last ? output_norm_ : nullptr;
   // An Engram layer next: its gate joins the block's exit where one kernel takes them
-  // (post_gate_pre_norm_cuda), its kv taken (or projected) before the FFN.
-  DevBuf<float> own_kv;
-  const float* gate_kv = nullptr;
+  // (post_gate_pre_norm_cuda).
+  int gate_layer = -1;
   if (!last && !next_block && kernels::hc::post_gate_pre_norm_applies(C, D)) {
-    ASSIGN_OR_RETURN(gate_kv, engram_kv(l + 1, call, ahead, own_kv));
+    gate_layer = l + 1;
     exit_norm = layers_[l + 1].attn_norm;
   }
-  RETURN_IF_ERROR(sublayer(w.hc_attn, w.attn_norm, pre_mix.get(), spare_pre.get(), w.ffn_norm, nullptr,
+  RETURN_IF_ERROR(sublayer(w.hc_attn, w.attn_norm, pre_mix.get(), spare_pre.get(), w.ffn_norm, -1,
                            [&] {
                              Phase phase(*this, ctx, "attention");
                              return attention(l, call, x, y.get());
                            }));
   RETURN_IF_ERROR(sublayer(w.hc_ffn, w.ffn_norm, spare_pre.get(), pre_mix.get(),
-                           exit_norm, gate_kv,
+                           exit_norm, gate_layer,
                            [&] {
                              Phase phase(*this, ctx, "moe");
                              return moe(l, call, x, y.get());
