@@ -445,8 +445,9 @@ Status DeviceModel::pass(Call& call, const int64_t* ids, bool all_logits, float*
 // One block (model.cc Model::block): each sub-layer collapses the streams with the previous
 // sub-layer's pre coefficients and expands back with its own; pre buffers alternate, and so do
 // the stream buffers (the expansion reads h as its residual and writes h_alt). A sub-layer's
-// expansion also makes the next sub-layer's normed input where that follows directly (not
-// across an Engram layer, whose update comes between).
+// expansion also makes the next sub-layer's normed input where that follows directly, and the
+// head's after the last block; before an Engram layer, with that layer's gate and update
+// between (post_gate_pre_norm_cuda; else the layer's own launch, pass()).
 Status DeviceModel::block(int l, Call& call, float*& h, float*& h_alt, DevBuf<float>& pre_mix,
                           DevBuf<float>& spare_pre, float* x, bool& x_ready, EngramAhead& ahead) const {
   const Layer& w = layers_[l];
