@@ -55,6 +55,14 @@ long long env_int(const char* name, long long fallback);
 // Whether `launch` asks for programmatic dependent launch: yes unless DSF_PDL=0 (measurement).
 bool pdl_on();
 
+// The shared-memory carve-out every kernel launched through `launch` prefers, in percent of
+// the SM's unified L1 / shared memory (DSF_CARVEOUT; -1, the default: the driver's choice per
+// kernel). An SM runs CTAs of one carve-out at a time, so kernels of different carve-outs
+// cannot overlap there under programmatic dependent launch (measurement switch).
+int carveout();
+// Sets carveout() on `kernel` once (a no-op where it is -1).
+void prefer_carveout(const void* kernel);
+
 // The current device's SMs (asked once; 1 if the runtime cannot say).
 int sm_count();
 
@@ -78,6 +86,7 @@ inline cudaLaunchAttribute cluster_attr(unsigned x) {
 template <typename... KArgs, typename... Args>
 Status launch(void (*kernel)(KArgs...), const LaunchParams& p, Args&&... args) {
   if (p.grid.x == 0) return absl::OkStatus();
+  if (carveout() >= 0) prefer_carveout(reinterpret_cast<const void*>(kernel));
   cudaEvent_t start = kernel_timing_on() ? kernel_timing_start(p.stream) : nullptr;
   cudaLaunchAttribute attr[2];
   unsigned n = 0;

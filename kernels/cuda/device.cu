@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/exec.h"
@@ -37,6 +39,26 @@ long long env_int(const char* name, long long fallback) {
 bool pdl_on() {
   static const bool on = env_int("DSF_PDL", 1) != 0;
   return on;
+}
+
+int carveout() {
+  static const int c = static_cast<int>(env_int("DSF_CARVEOUT", -1));
+  return c;
+}
+
+void prefer_carveout(const void* kernel) {
+  static std::mutex mu;
+  static std::set<const void*> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert(kernel).second) return;
+  // A launch may come while a stream is captured: the attribute is no stream work, so this
+  // thread may set it in relaxed capture mode.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) return;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout()) != cudaSuccess) {
+    (void)cudaGetLastError();  // a preference only: the launch goes ahead without it
+  }
+  cudaThreadExchangeStreamCaptureMode(&mode);
 }
 
 int sm_count() {

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <utility>
 
+#include "kernels/cuda/bulk_copy.cuh"
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
@@ -119,23 +120,39 @@ __device__ __forceinline__ const int8_t* lane_digits(const XDigits& x, int64_t b
   return x.digit(blk, ln.g & (kDigits - 1)) + kStride * ln.t;
 }
 
+// The warp's row group: r0 (its first row), ba and bb where lane (g, t) reads rows g and g + 8
+// at the warp's first block (mma_rows_at).
+struct RowGroup {
+  int64_t r0;
+  const uint8_t *ba, *bb;
+};
+
+// The rows of the warp's group of one tile from the weights p.w (every row p.row_bytes long).
+template <class Block, int kSlices, int kCtaWarps>
+__device__ __forceinline__ RowGroup global_rows(const LinearParams& p, int64_t tile) {
+  constexpr int kGroups = kCtaWarps / kSlices;
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, slice = warp % kSlices;
+  const int64_t r0 = (tile * kGroups + warp / kSlices) * 16;
+  const uint8_t* row_a = p.w + min(r0 + g, p.rows - 1) * p.row_bytes;
+  const uint8_t* row_b = p.w + min(r0 + g + 8, p.rows - 1) * p.row_bytes;
+  // Tiles (Block::kTiled): the (tile, block)s of rows r0 .. r0 + 15 start where row r0 does.
+  const uint8_t* ba = (Block::kTiled ? p.w + r0 * p.row_bytes : row_a) + slice * Block::kBytes;
+  const uint8_t* bb = (Block::kTiled ? ba : row_b + slice * Block::kBytes);
+  return RowGroup{r0, ba, bb};
+}
+
 // The rows of one tile (kCtaWarps / kSlices row groups of 16): each lane's partial sums (rows
 // g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
 // so the result does not depend on timing. Ends with the CTA in step, so the next tile may
 // reuse the partial sums' memory.
 template <class Block, int kSlices, int kCtaWarps>
-__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
-  constexpr int kGroups = kCtaWarps / kSlices;
+__device__ __forceinline__ void mma_rows_at(const LinearParams& p, const XDigits& x, int64_t n_blocks, RowGroup rg) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
   const int t = lane & 3;
   const Lane ln{lane >> 2, t, t == 0 ? 1.0f : t == 1 ? 0x1p-14f : 0.0f, t == 0 ? 0x1p-7f : t == 1 ? 0x1p-21f : 0.0f};
-  const int64_t r0 = (tile * kGroups + warp / kSlices) * 16;
-  const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
-  const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
+  const int64_t r0 = rg.r0;
+  const uint8_t *ba = rg.ba, *bb = rg.bb;
   float acc_a = 0.0f, acc_b = 0.0f;
-  // Tiles (Block::kTiled): the (tile, block)s of rows r0 .. r0 + 15 start where row r0 does.
-  const uint8_t* ba = (Block::kTiled ? p.w + r0 * p.row_bytes : row_a) + slice * Block::kBytes;
-  const uint8_t* bb = (Block::kTiled ? ba : row_b + slice * Block::kBytes);
   for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
     Block::add(ba, bb, x, blk, ln, &acc_a, &acc_b);
     ba += kSlices * Block::kBytes, bb += kSlices * Block::kBytes;
@@ -154,6 +171,11 @@ __device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x
     if (row < p.rows) p.y[row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(y)) : y;
   }
   __syncthreads();
+}
+
+template <class Block, int kSlices, int kCtaWarps>
+__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
+  mma_rows_at<Block, kSlices, kCtaWarps>(p, x, n_blocks, global_rows<Block, kSlices, kCtaWarps>(p, tile));
 }
 
 // A CTA's tiles: tiles_per_cta consecutive ones from blockIdx.x's first, on the digits split
@@ -450,6 +472,10 @@ struct MmaBatch {
   LinearParams p[kMaxGemvBatch];
   int64_t n_blocks;
   int tiles_per_cta;
+  // dense_preload_kernel: its first `pre` tiles come into shared memory at w_offset, each row
+  // `pitch` bytes apart.
+  int pre;
+  uint32_t pitch, w_offset;
 };
 
 template <class Block, int kSlices>
@@ -458,6 +484,49 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(co
   const LinearParams& p = b.p[blockIdx.y];
   const XDigits x = split_x<Block::kSub>(p.x, b.n_blocks);
   mma_tiles<Block, kSlices, cta_warps<kSlices>()>(p, x, b.n_blocks, b.tiles_per_cta);
+}
+
+// dense_mma_kernel for Q4_K rows in the GGUF order, the CTA's first b.pre tiles copied into its
+// shared memory before it waits for the kernel before (weights are no earlier kernel's output):
+// they stream in while that kernel still runs, where it leaves DRAM and the SMs room (a small
+// chain kernel: the hc exit before q_a, q_norm before wq_b, the attention before wo_a). Rows a
+// pitch apart that is 32 mod 128 bytes, so a warp's loads of rows g = 0..7 (32 bytes each)
+// fall in distinct banks. The same blocks in the same order: the products equal
+// dense_mma_kernel's bit for bit.
+template <int kSlices>
+__global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_preload_kernel(const __grid_constant__ MmaBatch b) {
+  constexpr int kCtaWarps = cta_warps<kSlices>(), kGroups = kCtaWarps / kSlices;
+  constexpr int64_t kTileRows = kGroups * 16;
+  extern __shared__ __align__(128) uint8_t smem_w[];
+  __shared__ uint64_t bar;
+  const LinearParams& p = b.p[blockIdx.y];
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * b.tiles_per_cta, row0 = first * kTileRows;
+  const int64_t pre_rows = max(int64_t{0}, min(b.pre * kTileRows, p.rows - row0));
+  uint8_t* w = smem_w + b.w_offset;
+  if (threadIdx.x == 0) {
+    cuda::barrier_init(&bar);
+    cuda::barrier_expect(&bar, static_cast<uint32_t>(pre_rows * p.row_bytes));
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    for (int64_t r = threadIdx.x; r < pre_rows; r += 32) {
+      cuda::bulk_copy(w + r * b.pitch, p.w + (row0 + r) * p.row_bytes, static_cast<uint32_t>(p.row_bytes), &bar);
+    }
+  }
+  cuda::await_inputs();
+  const XDigits x = split_x<Q4KBlock::kSub>(p.x, b.n_blocks);
+  cuda::barrier_wait(&bar, 0);
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, slice = warp % kSlices;
+  for (int64_t tile = first; tile < first + b.tiles_per_cta && tile * kTileRows < p.rows; ++tile) {
+    if (tile - first < b.pre) {
+      const int64_t r0 = (tile * kGroups + warp / kSlices) * 16;
+      const uint8_t* ba = w + (min(r0 + g, p.rows - 1) - row0) * b.pitch + slice * Q4KBlock::kBytes;
+      const uint8_t* bb = w + (min(r0 + g + 8, p.rows - 1) - row0) * b.pitch + slice * Q4KBlock::kBytes;
+      mma_rows_at<Q4KBlock, kSlices, kCtaWarps>(p, x, b.n_blocks, RowGroup{r0, ba, bb});
+    } else {
+      mma_rows<Q4KBlock, kSlices, kCtaWarps>(p, x, b.n_blocks, tile);
+    }
+  }
 }
 
 // Experts chosen on the device: product k is expert ids[k]'s rows on x + k x_stride. With a
@@ -501,6 +570,7 @@ StatusOr<int> resident_ctas(const void* kernel, int threads, size_t smem) {
   const auto it = known.find({kernel, smem});
   if (it != known.end()) return it->second;
   int per_sm = 0;
+  if (cuda::carveout() >= 0) cuda::prefer_carveout(kernel);  // as the launch will have it
   CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
   known[{kernel, smem}] = per_sm;
   return per_sm;
@@ -623,6 +693,97 @@ Status launch_experts(const ExpertMma& b, int64_t rows, int products, int max_sl
   return launch_mma<ExpertsMma<Block, kMinCtaWarps>::template K>(rows, b.n_blocks, products, st, b, max_slices);
 }
 
+// DSF_GEMV_PRELOAD (measurement, 0 by default): dense Q4_K products on dense_preload_kernel
+// (read at each call: the tests run both).
+bool preload_on() { return env_int("DSF_GEMV_PRELOAD", 0) != 0; }
+
+// The dynamic shared memory a CTA of dense_preload_kernel may take: two fit a SM (with their
+// reserved and static shared memory), so the launch keeps one wave of two CTAs a SM. 0 where
+// the device cannot say.
+int64_t preload_smem_cap() {
+  static const int64_t cap = [] {
+    int dev = 0, per_sm = 0, reserved = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return int64_t{0};
+    }
+    constexpr int64_t kStatic = 2048;  // mma_rows_at's partial sums (<= 1 KB) and the barrier
+    return std::max<int64_t>(0, per_sm / 2 - reserved - kStatic);
+  }();
+  return cap;
+}
+
+// How dense_preload_kernel<kSlices> takes n products of rows x (n_blocks x 256) columns: one
+// wave of two CTAs a SM, each taking per_cta tiles and preloading the first `pre` of them (as
+// many as preload_smem_cap() holds beside x's digits). pre 0: not even one tile fits.
+struct PreloadPlan {
+  int64_t tiles = 0, per_cta = 0, pre = 0, pitch = 0, x_bytes = 0, smem = 0;
+};
+template <int kSlices>
+PreloadPlan preload_plan(int64_t rows, int64_t row_bytes, int64_t n_blocks, int n) {
+  constexpr int64_t kTileRows = cta_warps<kSlices>() / kSlices * 16;  // as mma_tiles
+  PreloadPlan pl;
+  if (row_bytes % 16 != 0 || rows <= 0) return pl;
+  pl.tiles = (rows + kTileRows - 1) / kTileRows;
+  pl.pitch = row_bytes + (160 - row_bytes % 128) % 128;  // 32 mod 128
+  pl.x_bytes = (n_blocks * kBlockSmem + 127) / 128 * 128;
+  const int64_t tile_bytes = kTileRows * pl.pitch, wave = 2 * static_cast<int64_t>(sm_count());
+  pl.per_cta = std::max<int64_t>(1, (pl.tiles * n + wave - 1) / wave);
+  pl.pre = std::max<int64_t>(0, std::min(pl.per_cta, (preload_smem_cap() - pl.x_bytes) / tile_bytes));
+  pl.smem = pl.x_bytes + pl.pre * tile_bytes;
+  return pl;
+}
+
+// dense_preload_kernel<kSlices> over n products of b.p[0]'s shape as preload_plan says; false
+// (nothing launched) where it preloads nothing or the weights are not 16-byte aligned.
+template <int kSlices>
+StatusOr<bool> launch_preload_slices(MmaBatch b, int n, cudaStream_t st) {
+  const PreloadPlan pl = preload_plan<kSlices>(b.p[0].rows, b.p[0].row_bytes, b.n_blocks, n);
+  if (pl.pre < 1) return false;
+  for (int i = 0; i < n; ++i) {
+    if (reinterpret_cast<uintptr_t>(b.p[i].w) % 16 != 0) return false;
+  }
+  static const bool granted = [] {
+    // The first call may come while a stream is captured: the attribute is no stream work.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) return false;
+    const bool ok = cudaFuncSetAttribute(dense_preload_kernel<kSlices>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(preload_smem_cap())) == cudaSuccess;
+    if (!ok) (void)cudaGetLastError();
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    return ok;
+  }();
+  if (!granted) return false;
+  b.tiles_per_cta = static_cast<int>(pl.per_cta);
+  b.pre = static_cast<int>(pl.pre);
+  b.pitch = static_cast<uint32_t>(pl.pitch);
+  b.w_offset = static_cast<uint32_t>(pl.x_bytes);
+  const auto ctas = static_cast<unsigned>((pl.tiles + pl.per_cta - 1) / pl.per_cta);
+  RETURN_IF_ERROR(cuda::launch(dense_preload_kernel<kSlices>,
+                               cuda::LaunchParams{dim3(ctas, static_cast<unsigned>(n)), dim3(cta_warps<kSlices>() * 32),
+                                                  static_cast<size_t>(pl.smem), st},
+                               b));
+  return true;
+}
+
+// The slices of a dense Q4_K launch (launch_dense_mma's cap, DSF_MMA_Q4K_SLICES).
+int q4k_slices(int64_t rows, int64_t n_blocks, int n) {
+  static const int max_slices = slices_cap("DSF_MMA_Q4K_SLICES");
+  return slices_for(n_blocks, (rows + 15) / 16 * n, max_slices);
+}
+
+StatusOr<bool> launch_preload(const MmaBatch& b, int n, cudaStream_t st) {
+  switch (q4k_slices(b.p[0].rows, b.n_blocks, n)) {
+    case 16: return launch_preload_slices<16>(b, n, st);
+    case 8: return launch_preload_slices<8>(b, n, st);
+    case 4: return launch_preload_slices<4>(b, n, st);
+    case 2: return launch_preload_slices<2>(b, n, st);
+    default: return launch_preload_slices<1>(b, n, st);
+  }
+}
+
 }  // namespace
 
 bool gemv_mma_applies(const LinearParams* p, int n) { return mma_pays(p[0].rows, p[0].cols, n); }
@@ -643,7 +804,23 @@ Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearPa
     if (p[0].tiles) return launch_mma<DenseMma<Q6KBlock<true>>::K>(p[0].rows, b.n_blocks, n, st, b);
     return launch_mma<DenseMma<Q6KBlock<false>>::K>(p[0].rows, b.n_blocks, n, st, b);
   }
+  if (preload_on()) {
+    ASSIGN_OR_RETURN(const bool launched, launch_preload(b, n, st));
+    if (launched) return absl::OkStatus();
+  }
   return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
+}
+
+int gemv_preload_tiles(const Weight& w, int n) {
+  if (w.type != quant::GgmlType::kQ4_K || w.layout != WeightLayout::kGguf || !mma_pays(w.rows, w.cols, n)) return 0;
+  const int64_t n_blocks = w.cols / 256, rb = static_cast<int64_t>(w.row_bytes);
+  switch (q4k_slices(w.rows, n_blocks, n)) {
+    case 16: return static_cast<int>(preload_plan<16>(w.rows, rb, n_blocks, n).pre);
+    case 8: return static_cast<int>(preload_plan<8>(w.rows, rb, n_blocks, n).pre);
+    case 4: return static_cast<int>(preload_plan<4>(w.rows, rb, n_blocks, n).pre);
+    case 2: return static_cast<int>(preload_plan<2>(w.rows, rb, n_blocks, n).pre);
+    default: return static_cast<int>(preload_plan<1>(w.rows, rb, n_blocks, n).pre);
+  }
 }
 
 bool mma_columns_fit(int64_t cols) { return cols > 0 && cols % 256 == 0 && cols / 256 <= kMaxMmaBlocks; }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -308,6 +309,64 @@ TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
       cudaStreamDestroy(s);
       for (void* p : std::initializer_list<void*>{dw, dx, dy}) cudaFree(p);
     }
+  }
+}
+
+// The dense Q4_K GEMV whose CTAs copy their first weight tiles into shared memory before they
+// wait (DSF_GEMV_PRELOAD=1) against the streaming one, bit for bit, outputs poisoned: the
+// released shapes (q_a; wq_b's 1,280 columns; wo_a's 8 groups; the shared expert's gate and up,
+// where a CTA preloads one of its two tiles and streams the other; wo_b's 8,192 columns, where no
+// tile fits beside x and the streaming kernel runs) and odd ones.
+TEST_P(LinearCuda, PreloadedGemvEqualsTheStreamedOneBitForBit) {
+  if (GetParam() != GgmlType::kQ4_K) GTEST_SKIP() << "Q4_K only";
+  struct Shape {
+    int64_t K, N;
+    int n;
+  };
+  const Shape shapes[] = {{5120, 1280, 1}, {1280, 4099, 1}, {4096, 1024, 8}, {5120, 2304, 2},
+                          {256, 17, 3},    {8192, 1031, 1}, {2304, 33, 5}};
+  int smem_per_sm = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0), cudaSuccess);
+  for (const Shape& sh : shapes) {
+    const auto [K, N, n] = sh;
+    const GgmlType type = GgmlType::kQ4_K;
+    const uint64_t rb = *quant::row_bytes(type, K);
+    std::mt19937 rng(707 + static_cast<int>(K + N + n));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> wf(static_cast<size_t>(K * N * n)), x(static_cast<size_t>(K * n));
+    for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
+    for (float& v : x) v = quant::round_bf16(nd(rng));
+    std::vector<uint8_t> bytes(rb * N * n);
+    ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N * n).ok());
+    uint8_t* dw = to_device(bytes);
+    float* dx = to_device(x);
+    float* dy = to_device(std::vector<float>(N * n, std::nanf("")));
+    float* dz = to_device(std::vector<float>(N * n, std::nanf("")));
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    const ExecCtx ctx{Backend::kCuda, s};
+    const auto run = [&](const char* preload, float* y) {
+      std::vector<LinearJob> jobs;
+      for (int k = 0; k < n; ++k) jobs.push_back({Weight{type, K, N, dw + k * rb * N, rb}, dx + k * K, y + k * N});
+      setenv("DSF_GEMV_PRELOAD", preload, 1);
+      ASSERT_TRUE(linear_batch_mma_cuda(ctx, jobs.data(), n, OutRound::kF32).ok());
+      unsetenv("DSF_GEMV_PRELOAD");
+    };
+    run("0", dy);
+    run("1", dz);
+    std::vector<float> a(N * n), b(N * n);
+    ASSERT_EQ(cudaMemcpyAsync(a.data(), dy, a.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(b.data(), dz, b.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    const int pre = gemv_preload_tiles(Weight{type, K, N, nullptr, rb}, n);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "K=" << K << " N=" << N << " n=" << n << " pre=" << pre;
+    EXPECT_TRUE(std::all_of(b.begin(), b.end(), [](float v) { return std::isfinite(v); })) << "K=" << K << " N=" << N;
+    // A device with two CTAs' room for a tile beside x (the H200's 228 KB a SM) preloads the
+    // released shapes but wo_b's.
+    if (smem_per_sm >= 200 * 1024 && K != 8192) EXPECT_GE(pre, 1) << "K=" << K << " N=" << N << " n=" << n;
+    if (K == 8192) EXPECT_EQ(pre, 0);
+    cudaStreamDestroy(s);
+    for (void* p : std::initializer_list<void*>{dw, dx, dy, dz}) cudaFree(p);
   }
 }
 
