@@ -694,44 +694,49 @@ Status launch_experts(const ExpertMma& b, int64_t rows, int products, int max_sl
 }
 
 // DSF_GEMV_PRELOAD (measurement, 0 by default): dense Q4_K products on dense_preload_kernel
-// (read at each call: the tests run both).
-bool preload_on() { return env_int("DSF_GEMV_PRELOAD", 0) != 0; }
+// (1: where a tile fits two CTAs a SM; 2: else one CTA a SM too). Read at each call: the tests
+// run both.
+int preload_mode() { return static_cast<int>(env_int("DSF_GEMV_PRELOAD", 0)); }
 
-// The dynamic shared memory a CTA of dense_preload_kernel may take: two fit a SM (with their
-// reserved and static shared memory), so the launch keeps one wave of two CTAs a SM. 0 where
-// the device cannot say.
-int64_t preload_smem_cap() {
-  static const int64_t cap = [] {
-    int dev = 0, per_sm = 0, reserved = 0;
+// The dynamic shared memory a CTA of dense_preload_kernel may take where `ctas` of them share a
+// SM (with their reserved and static shared memory). 0 where the device cannot say.
+int64_t preload_smem_cap(int ctas) {
+  static const int64_t per_sm = [] {
+    int dev = 0, bytes = 0, reserved = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess) {
       (void)cudaGetLastError();
       return int64_t{0};
     }
     constexpr int64_t kStatic = 2048;  // mma_rows_at's partial sums (<= 1 KB) and the barrier
-    return std::max<int64_t>(0, per_sm / 2 - reserved - kStatic);
+    return static_cast<int64_t>(bytes) - 2 * (reserved + kStatic);  // what two CTAs leave for dynamic memory
   }();
-  return cap;
+  // One CTA: what two would leave together (below the per-CTA limit, 227 KB on the H200).
+  return ctas == 2 ? std::max<int64_t>(0, per_sm / 2) : std::max<int64_t>(0, per_sm);
 }
 
 // How dense_preload_kernel<kSlices> takes n products of rows x (n_blocks x 256) columns: one
-// wave of two CTAs a SM, each taking per_cta tiles and preloading the first `pre` of them (as
-// many as preload_smem_cap() holds beside x's digits). pre 0: not even one tile fits.
+// wave of two CTAs a SM (or, mode 2, of one where two cannot hold a tile beside x's digits),
+// each taking per_cta tiles and preloading the first `pre` of them (as many as its shared memory
+// holds). pre 0: not even one tile fits.
 struct PreloadPlan {
   int64_t tiles = 0, per_cta = 0, pre = 0, pitch = 0, x_bytes = 0, smem = 0;
 };
 template <int kSlices>
-PreloadPlan preload_plan(int64_t rows, int64_t row_bytes, int64_t n_blocks, int n) {
+PreloadPlan preload_plan(int64_t rows, int64_t row_bytes, int64_t n_blocks, int n, int mode) {
   constexpr int64_t kTileRows = cta_warps<kSlices>() / kSlices * 16;  // as mma_tiles
   PreloadPlan pl;
-  if (row_bytes % 16 != 0 || rows <= 0) return pl;
+  if (row_bytes % 16 != 0 || rows <= 0 || mode <= 0) return pl;
   pl.tiles = (rows + kTileRows - 1) / kTileRows;
   pl.pitch = row_bytes + (160 - row_bytes % 128) % 128;  // 32 mod 128
   pl.x_bytes = (n_blocks * kBlockSmem + 127) / 128 * 128;
-  const int64_t tile_bytes = kTileRows * pl.pitch, wave = 2 * static_cast<int64_t>(sm_count());
-  pl.per_cta = std::max<int64_t>(1, (pl.tiles * n + wave - 1) / wave);
-  pl.pre = std::max<int64_t>(0, std::min(pl.per_cta, (preload_smem_cap() - pl.x_bytes) / tile_bytes));
+  const int64_t tile_bytes = kTileRows * pl.pitch;
+  for (int ctas = 2; ctas >= (mode >= 2 ? 1 : 2) && pl.pre < 1; --ctas) {
+    const int64_t wave = ctas * static_cast<int64_t>(sm_count());
+    pl.per_cta = std::max<int64_t>(1, (pl.tiles * n + wave - 1) / wave);
+    pl.pre = std::max<int64_t>(0, std::min(pl.per_cta, (preload_smem_cap(ctas) - pl.x_bytes) / tile_bytes));
+  }
   pl.smem = pl.x_bytes + pl.pre * tile_bytes;
   return pl;
 }
@@ -740,7 +745,7 @@ PreloadPlan preload_plan(int64_t rows, int64_t row_bytes, int64_t n_blocks, int 
 // (nothing launched) where it preloads nothing or the weights are not 16-byte aligned.
 template <int kSlices>
 StatusOr<bool> launch_preload_slices(MmaBatch b, int n, cudaStream_t st) {
-  const PreloadPlan pl = preload_plan<kSlices>(b.p[0].rows, b.p[0].row_bytes, b.n_blocks, n);
+  const PreloadPlan pl = preload_plan<kSlices>(b.p[0].rows, b.p[0].row_bytes, b.n_blocks, n, preload_mode());
   if (pl.pre < 1) return false;
   for (int i = 0; i < n; ++i) {
     if (reinterpret_cast<uintptr_t>(b.p[i].w) % 16 != 0) return false;
@@ -750,7 +755,7 @@ StatusOr<bool> launch_preload_slices(MmaBatch b, int n, cudaStream_t st) {
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) return false;
     const bool ok = cudaFuncSetAttribute(dense_preload_kernel<kSlices>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(preload_smem_cap())) == cudaSuccess;
+                                         static_cast<int>(preload_smem_cap(1))) == cudaSuccess;
     if (!ok) (void)cudaGetLastError();
     cudaThreadExchangeStreamCaptureMode(&mode);
     return ok;
@@ -804,22 +809,22 @@ Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearPa
     if (p[0].tiles) return launch_mma<DenseMma<Q6KBlock<true>>::K>(p[0].rows, b.n_blocks, n, st, b);
     return launch_mma<DenseMma<Q6KBlock<false>>::K>(p[0].rows, b.n_blocks, n, st, b);
   }
-  if (preload_on()) {
+  if (preload_mode() > 0) {
     ASSIGN_OR_RETURN(const bool launched, launch_preload(b, n, st));
     if (launched) return absl::OkStatus();
   }
   return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
 }
 
-int gemv_preload_tiles(const Weight& w, int n) {
+int gemv_preload_tiles(const Weight& w, int n, int mode) {
   if (w.type != quant::GgmlType::kQ4_K || w.layout != WeightLayout::kGguf || !mma_pays(w.rows, w.cols, n)) return 0;
   const int64_t n_blocks = w.cols / 256, rb = static_cast<int64_t>(w.row_bytes);
   switch (q4k_slices(w.rows, n_blocks, n)) {
-    case 16: return static_cast<int>(preload_plan<16>(w.rows, rb, n_blocks, n).pre);
-    case 8: return static_cast<int>(preload_plan<8>(w.rows, rb, n_blocks, n).pre);
-    case 4: return static_cast<int>(preload_plan<4>(w.rows, rb, n_blocks, n).pre);
-    case 2: return static_cast<int>(preload_plan<2>(w.rows, rb, n_blocks, n).pre);
-    default: return static_cast<int>(preload_plan<1>(w.rows, rb, n_blocks, n).pre);
+    case 16: return static_cast<int>(preload_plan<16>(w.rows, rb, n_blocks, n, mode).pre);
+    case 8: return static_cast<int>(preload_plan<8>(w.rows, rb, n_blocks, n, mode).pre);
+    case 4: return static_cast<int>(preload_plan<4>(w.rows, rb, n_blocks, n, mode).pre);
+    case 2: return static_cast<int>(preload_plan<2>(w.rows, rb, n_blocks, n, mode).pre);
+    default: return static_cast<int>(preload_plan<1>(w.rows, rb, n_blocks, n, mode).pre);
   }
 }
 
