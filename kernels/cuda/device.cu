@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <mutex>
 #include <set>
+#include <string>
 
 #include "kernels/cuda/cuda_util.cuh"
 #include "kernels/exec.h"
@@ -46,11 +48,34 @@ int carveout() {
   return c;
 }
 
+namespace {
+
+// Whether DSF_CARVEOUT_KERNELS (comma-separated parts of kernel names; unset: every kernel) takes
+// the kernel.
+bool carveout_takes(const void* kernel) {
+  const char* list = std::getenv("DSF_CARVEOUT_KERNELS");
+  if (list == nullptr) return true;
+  const char* mangled = nullptr;
+  if (cudaFuncGetName(&mangled, kernel) != cudaSuccess || mangled == nullptr) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const std::string name(mangled), all(list);
+  for (size_t at = 0; at <= all.size();) {
+    const size_t end = std::min(all.find(',', at), all.size());
+    if (end > at && name.find(all.substr(at, end - at)) != std::string::npos) return true;
+    at = end + 1;
+  }
+  return false;
+}
+
+}  // namespace
+
 void prefer_carveout(const void* kernel) {
   static std::mutex mu;
   static std::set<const void*> done;
   std::lock_guard<std::mutex> lock(mu);
-  if (!done.insert(kernel).second) return;
+  if (!done.insert(kernel).second || !carveout_takes(kernel)) return;
   // A launch may come while a stream is captured: the attribute is no stream work, so this
   // thread may set it in relaxed capture mode.
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
