@@ -50,8 +50,8 @@ int carveout() {
 
 namespace {
 
-// Whether DSF_CARVEOUT_KERNELS (comma-separated parts of kernel names; unset: every kernel) takes
-// the kernel.
+// Whether DSF_CARVEOUT_KERNELS (parts of kernel names separated by ',' or ';'; unset: every
+// kernel) takes the kernel.
 bool carveout_takes(const void* kernel) {
   const char* list = std::getenv("DSF_CARVEOUT_KERNELS");
   if (list == nullptr) return true;
@@ -62,7 +62,7 @@ bool carveout_takes(const void* kernel) {
   }
   const std::string name(mangled), all(list);
   for (size_t at = 0; at <= all.size();) {
-    const size_t end = std::min(all.find(',', at), all.size());
+    const size_t end = std::min(all.find_first_of(",;", at), all.size());
     if (end > at && name.find(all.substr(at, end - at)) != std::string::npos) return true;
     at = end + 1;
   }
