@@ -60,8 +60,8 @@ bool pdl_on();
 // kernel). An SM runs CTAs of one carve-out at a time, so kernels of different carve-outs
 // cannot overlap there under programmatic dependent launch (measurement switch).
 int carveout();
-// Sets carveout() on `kernel` once (a no-op where it is -1), if its name holds one of the
-// comma-separated parts of DSF_CARVEOUT_KERNELS where that is set (measurement).
+// Sets carveout() on `kernel` once (a no-op where it is -1), if its name holds one of the parts
+// of DSF_CARVEOUT_KERNELS (separated by ',' or ';') where that is set (measurement).
 void prefer_carveout(const void* kernel);
 
 // The current device's SMs (asked once; 1 if the runtime cannot say).

@@ -1,9 +1,9 @@
 // Device discovery, streams, memory and copies for the CUDA backend (see exec.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <algorithm>
 #include <mutex>
 #include <set>
 #include <string>
