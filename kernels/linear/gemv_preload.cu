@@ -56,7 +56,9 @@ __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_preload_kerne
 }
 
 // The dynamic shared memory a CTA of dense_preload_kernel may take where `ctas` of them share a
-// SM (with their reserved and static shared memory). 0 where the device cannot say.
+// SM (with their reserved and static shared memory). 0 where the device cannot say. Of the SM's
+// largest shared memory, or of DSF_PRELOAD_SM_KB (measurement: the shared memory of a smaller
+// carve-out, DSF_CARVEOUT, that every kernel can share and that leaves more L1).
 int64_t preload_smem_cap(int ctas) {
   static const int64_t per_sm = [] {
     int dev = 0, bytes = 0, reserved = 0;
@@ -66,6 +68,8 @@ int64_t preload_smem_cap(int ctas) {
       (void)cudaGetLastError();
       return int64_t{0};
     }
+    const long long kb = env_int("DSF_PRELOAD_SM_KB", 0);
+    if (kb > 0) bytes = static_cast<int>(std::min<long long>(bytes, kb * 1024));
     constexpr int64_t kStatic = 2048;  // mma_rows_at's partial sums (<= 1 KB) and the barrier
     return static_cast<int64_t>(bytes) - 2 * (reserved + kStatic);  // what two CTAs leave for dynamic memory
   }();
