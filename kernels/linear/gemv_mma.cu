@@ -80,6 +80,11 @@ int slices_cap(const char* name) {
   return m;
 }
 
+int q4k_max_slices() {
+  static const int m = slices_cap("DSF_MMA_Q4K_SLICES");
+  return m;
+}
+
 }  // namespace gemv_mma
 
 namespace {
@@ -398,13 +403,8 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
 
 template <template <int> class K, typename Arg>
 Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg, int max_slices = 16) {
-  switch (slices_for(n_blocks, (rows + 15) / 16 * n, max_slices)) {
-    case 16: return launch_slices<K, 16>(rows, n_blocks, n, st, arg);
-    case 8: return launch_slices<K, 8>(rows, n_blocks, n, st, arg);
-    case 4: return launch_slices<K, 4>(rows, n_blocks, n, st, arg);
-    case 2: return launch_slices<K, 2>(rows, n_blocks, n, st, arg);
-    default: return launch_slices<K, 1>(rows, n_blocks, n, st, arg);
-  }
+  return with_slices(slices_for(n_blocks, (rows + 15) / 16 * n, max_slices),
+                     [&]<int kSlices>() { return launch_slices<K, kSlices>(rows, n_blocks, n, st, arg); });
 }
 
 template <class Block>
@@ -455,7 +455,6 @@ Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearPa
   // 2.48 at 16, a graph step 8.34 against 8.76 ms); since the chain's small kernels shrank, 16
   // gives the shorter graph step on the H200 (7.21-7.22 against 7.25-7.27 ms, three pairs of
   // runs, 157a826), though each launch alone is slower (wo_b 17.2 against 16.3 us under ncu).
-  static const int max_slices = slices_cap("DSF_MMA_Q4K_SLICES");
   const cudaStream_t st = cuda::stream_of(ctx);
   if (type == quant::GgmlType::kQ6_K) {
     if (p[0].tiles) return launch_mma<DenseMma<Q6KBlock<true>>::K>(p[0].rows, b.n_blocks, n, st, b);
@@ -465,7 +464,7 @@ Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearPa
     ASSIGN_OR_RETURN(const bool launched, launch_preload(b, n, st));
     if (launched) return absl::OkStatus();
   }
-  return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
+  return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, q4k_max_slices());
 }
 
 bool mma_columns_fit(int64_t cols) { return cols > 0 && cols % 256 == 0 && cols / 256 <= kMaxMmaBlocks; }

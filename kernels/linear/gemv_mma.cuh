@@ -111,6 +111,8 @@ struct RowGroup {
 };
 
 // The rows of the warp's group of one tile from the weights p.w (every row p.row_bytes long).
+// dense_preload_kernel reads the same rows from shared memory (its own three lines: a shared
+// helper here moved instructions in the streaming kernels, which could not be measured then).
 template <class Block, int kSlices, int kCtaWarps>
 __device__ __forceinline__ RowGroup global_rows(const LinearParams& p, int64_t tile) {
   constexpr int kGroups = kCtaWarps / kSlices;
@@ -228,12 +230,27 @@ struct MmaBatch {
   uint32_t pitch, w_offset;
 };
 
+// f.template operator()<s>() for a slice count s of slices_for (16, 8, 4, 2 or 1): the
+// kernels' template argument from the launch's choice.
+template <class F>
+decltype(auto) with_slices(int s, F&& f) {
+  switch (s) {
+    case 16: return f.template operator()<16>();
+    case 8: return f.template operator()<8>();
+    case 4: return f.template operator()<4>();
+    case 2: return f.template operator()<2>();
+    default: return f.template operator()<1>();
+  }
+}
+
 // Launch helpers (gemv_mma.cu).
 // Warps per row group of a launch over n_blocks blocks and group_products (16-row group,
 // product) pairs, at most max_slices.
 int slices_for(int64_t n_blocks, int64_t group_products, int max_slices);
 // The power of two in [1, 16] at most the variable `name` (16 where unset).
 int slices_cap(const char* name);
+// The most slices a dense Q4_K launch takes (DSF_MMA_Q4K_SLICES, 16 where unset).
+int q4k_max_slices();
 // Whether n products of rows x cols take the tensor cores (DSF_GEMV_MMA).
 bool mma_pays(int64_t rows, int64_t cols, int n);
 

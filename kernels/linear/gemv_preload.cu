@@ -134,21 +134,9 @@ StatusOr<bool> launch_preload_slices(MmaBatch b, int n, cudaStream_t st) {
   return true;
 }
 
-// The slices of a dense Q4_K launch (launch_dense_mma's cap, DSF_MMA_Q4K_SLICES).
+// The slices of a dense Q4_K launch of n products of rows x (n_blocks x 256), as launch_dense_mma's.
 int q4k_slices(int64_t rows, int64_t n_blocks, int n) {
-  static const int max_slices = slices_cap("DSF_MMA_Q4K_SLICES");
-  return slices_for(n_blocks, (rows + 15) / 16 * n, max_slices);
-}
-
-// preload_plan at the slices a launch of n products of rows x (n_blocks x 256) takes.
-PreloadPlan plan_of(int64_t rows, int64_t row_bytes, int64_t n_blocks, int n, int mode) {
-  switch (q4k_slices(rows, n_blocks, n)) {
-    case 16: return preload_plan<16>(rows, row_bytes, n_blocks, n, mode);
-    case 8: return preload_plan<8>(rows, row_bytes, n_blocks, n, mode);
-    case 4: return preload_plan<4>(rows, row_bytes, n_blocks, n, mode);
-    case 2: return preload_plan<2>(rows, row_bytes, n_blocks, n, mode);
-    default: return preload_plan<1>(rows, row_bytes, n_blocks, n, mode);
-  }
+  return slices_for(n_blocks, (rows + 15) / 16 * n, q4k_max_slices());
 }
 
 }  // namespace
@@ -159,13 +147,8 @@ PreloadPlan plan_of(int64_t rows, int64_t row_bytes, int64_t n_blocks, int n, in
 int preload_mode() { return static_cast<int>(env_int("DSF_GEMV_PRELOAD", 0)); }
 
 StatusOr<bool> launch_preload(const MmaBatch& b, int n, cudaStream_t st) {
-  switch (q4k_slices(b.p[0].rows, b.n_blocks, n)) {
-    case 16: return launch_preload_slices<16>(b, n, st);
-    case 8: return launch_preload_slices<8>(b, n, st);
-    case 4: return launch_preload_slices<4>(b, n, st);
-    case 2: return launch_preload_slices<2>(b, n, st);
-    default: return launch_preload_slices<1>(b, n, st);
-  }
+  return with_slices(q4k_slices(b.p[0].rows, b.n_blocks, n),
+                     [&]<int kSlices>() { return launch_preload_slices<kSlices>(b, n, st); });
 }
 
 }  // namespace gemv_mma
@@ -174,7 +157,10 @@ int gemv_preload_tiles(const Weight& w, int n, int mode) {
   if (w.type != quant::GgmlType::kQ4_K || w.layout != WeightLayout::kGguf || !gemv_mma::mma_pays(w.rows, w.cols, n)) {
     return 0;
   }
-  return static_cast<int>(gemv_mma::plan_of(w.rows, static_cast<int64_t>(w.row_bytes), w.cols / 256, n, mode).pre);
+  const int64_t n_blocks = w.cols / 256, rb = static_cast<int64_t>(w.row_bytes);
+  return static_cast<int>(gemv_mma::with_slices(gemv_mma::q4k_slices(w.rows, n_blocks, n), [&]<int kSlices>() {
+    return gemv_mma::preload_plan<kSlices>(w.rows, rb, n_blocks, n, mode).pre;
+  }));
 }
 
 }  // namespace dsflash::kernels
