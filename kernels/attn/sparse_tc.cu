@@ -485,11 +485,9 @@ int device_tc_cluster() {
   static const int cluster = [] {
     // The first call may come while a stream is captured (a graph decode step): these queries
     // are not stream work, so this thread may make them in relaxed capture mode.
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-    if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) return 0;
-    const int c = !tc_resources_granted<Dh>() ? 0 : wide_cluster_granted<Dh>() ? kWideCluster : kMaxCluster;
-    cudaThreadExchangeStreamCaptureMode(&mode);
-    return c;
+    const cuda::RelaxedCapture relaxed;
+    if (!relaxed.ok()) return 0;
+    return !tc_resources_granted<Dh>() ? 0 : wide_cluster_granted<Dh>() ? kWideCluster : kMaxCluster;
   }();
   return cluster;
 }

@@ -39,7 +39,6 @@ Status linear_batch_mma_cuda(const ExecCtx&, const LinearJob*, int, OutRound) {
 Status linear_gemm_mma_cuda(const ExecCtx&, const Weight&, const float*, int64_t, float*, OutRound) {
   return absl::FailedPreconditionError("dsflash was built without the CUDA backend");
 }
-int gemv_preload_tiles(const Weight&, int, int) { return 0; }
 bool tile_layout_exists(const Weight&) { return false; }
 bool tiles_apply(const Weight&) { return false; }
 bool linear_tiles_apply(const Weight&) { return false; }

@@ -64,6 +64,25 @@ int carveout();
 // of DSF_CARVEOUT_KERNELS (separated by ',' or ';') where that is set (measurement).
 void prefer_carveout(const void* kernel);
 
+// This thread in relaxed stream-capture mode for its lifetime: for calls that are no stream
+// work (kernel attributes, occupancy and device queries) but may first come while a stream is
+// captured (a graph decode step), where the global mode would refuse them. ok() is false where
+// the mode could not be changed; the caller then leaves the call out.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() : ok_(cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess) {}
+  ~RelaxedCapture() {
+    if (ok_) cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool ok_;
+};
+
 // The current device's SMs (asked once; 1 if the runtime cannot say).
 int sm_count();
 

@@ -78,12 +78,11 @@ void prefer_carveout(const void* kernel) {
   if (!done.insert(kernel).second || !carveout_takes(kernel)) return;
   // A launch may come while a stream is captured: the attribute is no stream work, so this
   // thread may set it in relaxed capture mode.
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) return;
+  const RelaxedCapture relaxed;
+  if (!relaxed.ok()) return;
   if (cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout()) != cudaSuccess) {
     (void)cudaGetLastError();  // a preference only: the launch goes ahead without it
   }
-  cudaThreadExchangeStreamCaptureMode(&mode);
 }
 
 int sm_count() {

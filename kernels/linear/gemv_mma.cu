@@ -23,73 +23,189 @@
 #include <utility>
 
 #include "kernels/cuda/cuda_util.cuh"
-#include "kernels/linear/gemv_mma.cuh"
+#include "kernels/linear/digits.h"
 #include "kernels/linear/linear_cuda.h"
+#include "kernels/linear/linear_params.cuh"
+#include "kernels/linear/mma_common.cuh"
 
 namespace dsflash::kernels {
-namespace gemv_mma {
-
-// Warps per row group (each takes every s-th block of the group's rows; a CTA sums them): the
-// power of two up to 16 that loses the least, counting both ways to lose. A warp works
-// ceil(n_blocks / s) blocks while the group waits for its slowest, so an s that does not divide
-// n_blocks idles warps (20 blocks on 16 slices: 62 % busy; 9 on 8: 56 %); and fewer warps than
-// ~32 a SM in all leave memory bandwidth unused. The larger s wins a tie. At most max_slices.
-int slices_for(int64_t n_blocks, int64_t group_products, int max_slices) {
-  static const int forced = [] {  // DSF_MMA_SLICES=s, for measurement: s wherever the blocks allow
-    const long long s = env_int("DSF_MMA_SLICES", 0);
-    return s == 1 || s == 2 || s == 4 || s == 8 || s == 16 ? static_cast<int>(s) : 0;
-  }();
-  if (forced > 0 && forced <= n_blocks) return forced;
-  int best = 1;
-  double best_score = -1.0;
-  for (int s = max_slices; s >= 1; s /= 2) {
-    if (s > n_blocks) continue;
-    const double busy = static_cast<double>(n_blocks) / static_cast<double>(s * ((n_blocks + s - 1) / s));
-    const double fill = std::min(1.0, static_cast<double>(group_products * s) / (32.0 * sm_count()));
-    if (busy * fill > best_score + 1e-9) best = s, best_score = busy * fill;
-  }
-  return best;
-}
-
-// DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 1 the tensor cores from ~4k (16-row
-// group, block) pairs a launch, else (default 2) the tensor cores at every size.
-int mma_mode() {
-  static const int mode = static_cast<int>(env_int("DSF_GEMV_MMA", 2));
-  return mode;
-}
-
-// Whether n products of rows x cols take the tensor cores: x's digits fit a CTA's shared
-// memory (and in mode 1, the launch is large). The threshold of mode 1 was the default while
-// the fp32 kernels were faster on the small products (H200: q_a 5120 -> 1280, kv 5120 -> 512,
-// the shared expert's 2304 -> 5120); every size on the tensor cores now gives the shorter
-// graph step (perf preset pooled: 7.03 against 7.14-7.15 ms at 9a2c817; 7.24-7.27 against
-// 7.31-7.32 at 54dc8f7, on another machine).
-bool mma_pays(int64_t rows, int64_t cols, int n) {
-  // DSF_GEMV_MMA_MIN_PAIRS (measurement): mode 2's threshold, 0 by default.
-  static const int64_t min_pairs = mma_mode() == 1 ? 4096 : env_int("DSF_GEMV_MMA_MIN_PAIRS", 0);
-  if (cols / 256 > kMaxMmaBlocks || mma_mode() == 0) return false;
-  return (rows + 15) / 16 * (cols / 256) * n >= min_pairs;
-}
-
-// The power of two in [1, 16] at most the variable `name` (16 where unset): a cap on the
-// slices slices_for may choose, for measurement.
-int slices_cap(const char* name) {
-  const long long v = env_int(name, 16);
-  int m = 1;
-  while (m < 16 && 2 * m <= v) m *= 2;
-  return m;
-}
-
-int q4k_max_slices() {
-  static const int m = slices_cap("DSF_MMA_Q4K_SLICES");
-  return m;
-}
-
-}  // namespace gemv_mma
-
 namespace {
 
-using namespace dsflash::kernels::gemv_mma;
+using namespace dsflash::kernels::cuda;
+
+using namespace dsflash::kernels::mma;
+
+// x as digits in a CTA's shared memory, per 256-column block: four digit rows of 256 bytes,
+// each padded to kQRow (a warp's 16 digit loads then hit distinct banks; the padding holds the
+// mins' operand), the digits' sums per 16 columns (what that operand is made of) and S.
+constexpr int kBlockSmem = kDigits * kQRow + kDigits * 16 * 4 + 4;
+// The largest input: its digits, beside mma_rows' partial sums, in the 48 KB a CTA may take
+// without opting in (8,704 columns; the released model's largest Q4_K input is 8,192).
+constexpr int64_t kMaxMmaBlocks = (48 * 1024 - 2 * 1024) / kBlockSmem;
+
+struct XDigits {
+  int8_t* q;        // [block][digit][kQRow]
+  int32_t* dsum16;  // [block][digit][16]
+  float* scale;     // [block]
+  __device__ __forceinline__ const int8_t* digit(int64_t blk, int g) const { return q + (blk * kDigits + g) * kQRow; }
+  __device__ __forceinline__ const int32_t* sums(int64_t blk, int g) const { return dsum16 + (blk * kDigits + g) * 16; }
+  // Word w (0..31) of a block's mins operand (mins_table), kept in the padding of the digit
+  // rows (bytes 256 .. 287 of row w / 8, which no digit load reads).
+  __device__ __forceinline__ uint32_t* mins_slot(int64_t blk, int w) const {
+    return reinterpret_cast<uint32_t*>(q + (blk * kDigits + (w >> 3)) * kQRow + 256) + (w & 7);
+  }
+};
+
+// The B operand of the mins' mma (Block::add) for every block, from the digits' 16-column
+// sums. kSub: the type's sub-block columns (32: Q4_K, 8 sub-blocks; 16: Q2_K and Q3_K, 16).
+// Lane (g, t) of the mma supplies k = 4t .. 4t + 3 of column g: word 2g + t (t < 2, kSub 32) or
+// 4g + t (kSub 16) holds, for the sub-blocks s = 4t .. 4t + 3, byte by byte the low (g < 4) or
+// high (g >= 4) radix-128 digit of digit g % 4's sum over sub-block s (|sum| <= 2048: low in
+// [-64, 63], high in [-16, 16]).
+template <int kSub>
+__device__ __forceinline__ void mins_table(const XDigits& d, int64_t n_blocks) {
+  constexpr int kT = kSub == 32 ? 2 : 4, kWords = 8 * kT;
+  for (int64_t i = threadIdx.x; i < n_blocks * kWords; i += blockDim.x) {
+    const int64_t blk = i / kWords;
+    const int w = static_cast<int>(i % kWords), g = w / kT, t = w % kT;
+    *d.mins_slot(blk, w) = mins_word<kSub>(d.sums(blk, g & 3), g, t);
+  }
+  __syncthreads();
+}
+
+// Splits x ([n_blocks][256], 16-byte aligned) into the CTA's shared memory, one warp per block
+// (lane l: columns 8l .. 8l + 7), and returns where it lies once every warp has written it
+// (and the mins' operand of kSub-column sub-blocks, mins_table; none for kSub 0).
+template <int kSub>
+__device__ __forceinline__ XDigits split_x(const float* x, int64_t n_blocks) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const XDigits d{reinterpret_cast<int8_t*>(smem), reinterpret_cast<int32_t*>(smem + n_blocks * kDigits * kQRow),
+                  reinterpret_cast<float*>(smem + n_blocks * kDigits * (kQRow + 16 * 4))};
+  const int lane = threadIdx.x & 31;
+  for (int64_t blk = threadIdx.x >> 5; blk < n_blocks; blk += blockDim.x >> 5) {
+    const float S = split_block(x + blk * 256, lane, d.q + blk * kDigits * kQRow, kQRow, d.dsum16 + blk * kDigits * 16);
+    if (lane == 0) d.scale[blk] = S;
+  }
+  __syncthreads();
+  if constexpr (kSub != 0) mins_table<kSub>(d, n_blocks);
+  return d;
+}
+
+// Where a lane works. A warp takes 16 rows (lane (g, t): rows g and g + 8, the mma's A rows)
+// and every kSlices-th block of them; a CTA holds kCtaWarps / kSlices such row groups. B's
+// column g is digit g of x (lanes g >= 4: digit g - 4 again, lane_digits), so the int32
+// result's columns 2t, 2t + 1 are digits 2t, 2t + 1 (lanes t >= 2: those copies); w0, w1 weigh
+// them (128^-digit; 0 for t >= 2).
+struct Lane {
+  int g, t;
+  float w0, w1;
+  __device__ __forceinline__ float digits(int v0, int v1) const {
+    return static_cast<float>(v0) * w0 + static_cast<float>(v1) * w1;
+  }
+  // The mins' results (columns 2t, 2t + 1 of mins_table's operand): the low radix-128
+  // digit of digits 2t, 2t + 1 (t < 2) or the high one of digits 2t - 4, 2t - 3 (t >= 2).
+  __device__ __forceinline__ float mins(int m0, int m1) const {
+    const int e = t < 2 ? -14 * t : 7 - 14 * (t - 2);
+    return static_cast<float>(m0) * exp2f_exact(e) + static_cast<float>(m1) * exp2f_exact(e - 7);
+  }
+  __device__ __forceinline__ static float exp2f_exact(int e) { return __int_as_float((e + 127) << 23); }
+};
+
+// Where lane (g, t) reads B, x's digit g, in block blk: at column kStride t of digit row g % 4.
+// Lanes g >= 4 give B's columns 4..7, whose results land in lanes t >= 2 and are weighed by 0
+// (Lane::digits), so they read a digit row too rather than zeros: no predicate on the loads.
+template <int kStride>
+__device__ __forceinline__ const int8_t* lane_digits(const XDigits& x, int64_t blk, const Lane& ln) {
+  return x.digit(blk, ln.g & (kDigits - 1)) + kStride * ln.t;
+}
+
+// The rows of one tile (kCtaWarps / kSlices row groups of 16): each lane's partial sums (rows
+// g, g + 8) of each block from Block::add; the slices are summed in slice order (shared memory),
+// so the result does not depend on timing. Ends with the CTA in step, so the next tile may
+// reuse the partial sums' memory.
+template <class Block, int kSlices, int kCtaWarps>
+__device__ __forceinline__ void mma_rows(const LinearParams& p, const XDigits& x, int64_t n_blocks, int64_t tile) {
+  constexpr int kGroups = kCtaWarps / kSlices;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, slice = warp % kSlices;
+  const int t = lane & 3;
+  const Lane ln{lane >> 2, t, t == 0 ? 1.0f : t == 1 ? 0x1p-14f : 0.0f, t == 0 ? 0x1p-7f : t == 1 ? 0x1p-21f : 0.0f};
+  const int64_t r0 = (tile * kGroups + warp / kSlices) * 16;
+  const uint8_t* row_a = p.w + min(r0 + ln.g, p.rows - 1) * p.row_bytes;
+  const uint8_t* row_b = p.w + min(r0 + ln.g + 8, p.rows - 1) * p.row_bytes;
+  float acc_a = 0.0f, acc_b = 0.0f;
+  // Tiles (Block::kTiled): the (tile, block)s of rows r0 .. r0 + 15 start where row r0 does.
+  const uint8_t* ba = (Block::kTiled ? p.w + r0 * p.row_bytes : row_a) + slice * Block::kBytes;
+  const uint8_t* bb = (Block::kTiled ? ba : row_b + slice * Block::kBytes);
+  for (int64_t blk = slice; r0 < p.rows && blk < n_blocks; blk += kSlices) {
+    Block::add(ba, bb, x, blk, ln, &acc_a, &acc_b);
+    ba += kSlices * Block::kBytes, bb += kSlices * Block::kBytes;
+  }
+  acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 1);
+  acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 1);
+  acc_a += __shfl_xor_sync(0xffffffffu, acc_a, 2);
+  acc_b += __shfl_xor_sync(0xffffffffu, acc_b, 2);
+  __shared__ float part[kCtaWarps][16];
+  if (ln.t == 0) part[warp][ln.g] = acc_a, part[warp][ln.g + 8] = acc_b;
+  __syncthreads();
+  if (slice == 0 && lane < 16) {
+    float y = part[warp][lane];
+    for (int s = 1; s < kSlices; ++s) y += part[warp + s][lane];
+    const int64_t row = r0 + lane;
+    if (row < p.rows) p.y[row] = p.round_bf16 ? __bfloat162float(__float2bfloat16_rn(y)) : y;
+  }
+  __syncthreads();
+}
+
+// A CTA's tiles: tiles_per_cta consecutive ones from blockIdx.x's first, on the digits split
+// once (the split costs about as much as a tile of Q2_K rows).
+template <class Block, int kSlices, int kCtaWarps>
+__device__ __forceinline__ void mma_tiles(const LinearParams& p, const XDigits& x, int64_t n_blocks, int tiles_per_cta) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * tiles_per_cta;
+  constexpr int64_t kTileRows = kCtaWarps / kSlices * 16;
+  for (int64_t tile = first; tile < first + tiles_per_cta && tile * kTileRows < p.rows; ++tile) {
+    mma_rows<Block, kSlices, kCtaWarps>(p, x, n_blocks, tile);
+  }
+}
+
+// Q4_K (144-byte blocks: d, dmin, 12 bytes of 6-bit scales and mins, qs[128]). Sub-block
+// s = 2c + h holds columns 32s + i with codes in nibble h of qs[32c + i]; lane t takes
+// i = 8t .. 8t + 7 (one 8-byte load per row and c) as A's k = 4t.. and 16 + 4t.., and the
+// same columns' digit g as B. The 6-bit scales are applied to each sub-block's int32 result.
+struct Q4KBlock {
+  static constexpr int kBytes = 144, kSub = 32;
+  static constexpr bool kTiled = false;
+  using Header = Q4KHeader;
+  __device__ __forceinline__ static void add(const uint8_t* ba, const uint8_t* bb, const XDigits& x, int64_t xblk,
+                                             const Lane& ln, float* acc_a, float* acc_b) {
+    const Header ha(ba), hb(bb);
+    int va0 = 0, va1 = 0, vb0 = 0, vb1 = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint2 qa = *reinterpret_cast<const uint2*>(ba + 16 + 32 * c + 8 * ln.t);
+      const uint2 qb = *reinterpret_cast<const uint2*>(bb + 16 + 32 * c + 8 * ln.t);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int s = 2 * c + h;
+        const uint2 xv = *reinterpret_cast<const uint2*>(lane_digits<8>(x, xblk, ln) + 32 * s);
+        int d[4] = {0, 0, 0, 0};
+        mma_s8(d, nibbles(qa.x, h), nibbles(qb.x, h), nibbles(qa.y, h), nibbles(qb.y, h), xv);
+        va0 += ha.sc(s) * d[0], va1 += ha.sc(s) * d[1];
+        vb0 += hb.sc(s) * d[2], vb1 += hb.sc(s) * d[3];
+      }
+    }
+    // The mins, sum over sub-blocks of m_s times the digits' 32-column sums, on one more mma:
+    // A row r holds its eight 6-bit mins at k = 0..7 (lane t's k = 4t..: t = 0 the first four,
+    // t = 1 the last), B is mins_table's operand.
+    const uint32_t bm = ln.t < 2 ? *x.mins_slot(xblk, 2 * ln.g + ln.t) : 0u;  // mins_table<32>
+    const uint32_t am_a = ln.t == 0 ? ha.m_lo : ln.t == 1 ? ha.m_hi : 0u;
+    const uint32_t am_b = ln.t == 0 ? hb.m_lo : ln.t == 1 ? hb.m_hi : 0u;
+    int m[4] = {0, 0, 0, 0};
+    mma_s8(m, am_a, am_b, 0u, 0u, make_uint2(bm, 0u));
+    const float S = x.scale[xblk];
+    *acc_a = acc_fma(*acc_a, S, scaled_diff(ha.d, ln.digits(va0, va1), ha.dmin, ln.mins(m[0], m[1])));
+    *acc_b = acc_fma(*acc_b, S, scaled_diff(hb.d, ln.digits(vb0, vb1), hb.dmin, ln.mins(m[2], m[3])));
+  }
+};
 
 // Q2_K (84-byte blocks, 4-byte aligned: scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin).
 // Column 128n + 32j + l has code (qs[32n + l] >> 2j) & 3 in sub-block 8n + 2j + l / 16; lane t
@@ -311,6 +427,11 @@ struct Q6KBlock {
   }
 };
 
+template <int kSlices>
+__host__ __device__ constexpr int cta_warps() {
+  return kSlices > kWarps ? kSlices : kWarps;
+}
+
 // The CTAs a SM the experts' kernel of kCtaWarps warps is compiled to hold at once: 32
 // resident warps a SM, at least 2 CTAs (__launch_bounds__' second argument; ptxas then holds
 // the registers to 64: Q2_K 61, Q3_K 64 without spills, 80 and 3 CTAs as ptxas would choose).
@@ -323,6 +444,13 @@ __host__ __device__ constexpr int min_ctas() {
   constexpr int kMinWarps = 32;
   return kMinWarps / kCtaWarps > 2 ? kMinWarps / kCtaWarps : 2;
 }
+
+// Products of one shape, each its own weights and x (blockIdx.y picks one).
+struct MmaBatch {
+  LinearParams p[kMaxGemvBatch];
+  int64_t n_blocks;
+  int tiles_per_cta;
+};
 
 template <class Block, int kSlices>
 __global__ void __launch_bounds__(cta_warps<kSlices>() * 32) dense_mma_kernel(const __grid_constant__ MmaBatch b) {
@@ -401,10 +529,37 @@ Status launch_slices(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, Arg
                       arg);
 }
 
+// Warps per row group (each takes every s-th block of the group's rows; a CTA sums them): the
+// power of two up to 16 that loses the least, counting both ways to lose. A warp works
+// ceil(n_blocks / s) blocks while the group waits for its slowest, so an s that does not divide
+// n_blocks idles warps (20 blocks on 16 slices: 62 % busy; 9 on 8: 56 %); and fewer warps than
+// ~32 a SM in all leave memory bandwidth unused. The larger s wins a tie. At most max_slices.
+int slices_for(int64_t n_blocks, int64_t group_products, int max_slices) {
+  static const int forced = [] {  // DSF_MMA_SLICES=s, for measurement: s wherever the blocks allow
+    const long long s = env_int("DSF_MMA_SLICES", 0);
+    return s == 1 || s == 2 || s == 4 || s == 8 || s == 16 ? static_cast<int>(s) : 0;
+  }();
+  if (forced > 0 && forced <= n_blocks) return forced;
+  int best = 1;
+  double best_score = -1.0;
+  for (int s = max_slices; s >= 1; s /= 2) {
+    if (s > n_blocks) continue;
+    const double busy = static_cast<double>(n_blocks) / static_cast<double>(s * ((n_blocks + s - 1) / s));
+    const double fill = std::min(1.0, static_cast<double>(group_products * s) / (32.0 * sm_count()));
+    if (busy * fill > best_score + 1e-9) best = s, best_score = busy * fill;
+  }
+  return best;
+}
+
 template <template <int> class K, typename Arg>
 Status launch_mma(int64_t rows, int64_t n_blocks, int n, cudaStream_t st, const Arg& arg, int max_slices = 16) {
-  return with_slices(slices_for(n_blocks, (rows + 15) / 16 * n, max_slices),
-                     [&]<int kSlices>() { return launch_slices<K, kSlices>(rows, n_blocks, n, st, arg); });
+  switch (slices_for(n_blocks, (rows + 15) / 16 * n, max_slices)) {
+    case 16: return launch_slices<K, 16>(rows, n_blocks, n, st, arg);
+    case 8: return launch_slices<K, 8>(rows, n_blocks, n, st, arg);
+    case 4: return launch_slices<K, 4>(rows, n_blocks, n, st, arg);
+    case 2: return launch_slices<K, 2>(rows, n_blocks, n, st, arg);
+    default: return launch_slices<K, 1>(rows, n_blocks, n, st, arg);
+  }
 }
 
 template <class Block>
@@ -428,11 +583,39 @@ struct ExpertsMma {
     static constexpr auto fn = experts_mma_kernel<Block, kSlices, kCtaWarps>;
   };
 };
+// DSF_GEMV_MMA, for measurement: 0 the fp32 kernels only, 1 the tensor cores from ~4k (16-row
+// group, block) pairs a launch, else (default 2) the tensor cores at every size.
+int mma_mode() {
+  static const int mode = static_cast<int>(env_int("DSF_GEMV_MMA", 2));
+  return mode;
+}
+
+// Whether n products of rows x cols take the tensor cores: x's digits fit a CTA's shared
+// memory (and in mode 1, the launch is large). The threshold of mode 1 was the default while
+// the fp32 kernels were faster on the small products (H200: q_a 5120 -> 1280, kv 5120 -> 512,
+// the shared expert's 2304 -> 5120); every size on the tensor cores now gives the shorter
+// graph step (perf preset pooled: 7.03 against 7.14-7.15 ms at 9a2c817; 7.24-7.27 against
+// 7.31-7.32 at 54dc8f7, on another machine).
+bool mma_pays(int64_t rows, int64_t cols, int n) {
+  // DSF_GEMV_MMA_MIN_PAIRS (measurement): mode 2's threshold, 0 by default.
+  static const int64_t min_pairs = mma_mode() == 1 ? 4096 : env_int("DSF_GEMV_MMA_MIN_PAIRS", 0);
+  if (cols / 256 > kMaxMmaBlocks || mma_mode() == 0) return false;
+  return (rows + 15) / 16 * (cols / 256) * n >= min_pairs;
+}
 
 Status check_blocks(int64_t n_blocks) {
   if (n_blocks <= kMaxMmaBlocks) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("tensor-core GEMV: ", n_blocks * 256, " columns exceed its ", kMaxMmaBlocks * 256));
+}
+
+// The power of two in [1, 16] at most the variable `name` (16 where unset): a cap on the
+// slices slices_for may choose, for measurement.
+int slices_cap(const char* name) {
+  const long long v = env_int(name, 16);
+  int m = 1;
+  while (m < 16 && 2 * m <= v) m *= 2;
+  return m;
 }
 
 // The routed experts' launch on CTAs of at least kMinCtaWarps warps, at most `max_slices`.
@@ -455,16 +638,13 @@ Status launch_dense_mma(const ExecCtx& ctx, quant::GgmlType type, const LinearPa
   // 2.48 at 16, a graph step 8.34 against 8.76 ms); since the chain's small kernels shrank, 16
   // gives the shorter graph step on the H200 (7.21-7.22 against 7.25-7.27 ms, three pairs of
   // runs, 157a826), though each launch alone is slower (wo_b 17.2 against 16.3 us under ncu).
+  static const int max_slices = slices_cap("DSF_MMA_Q4K_SLICES");
   const cudaStream_t st = cuda::stream_of(ctx);
   if (type == quant::GgmlType::kQ6_K) {
     if (p[0].tiles) return launch_mma<DenseMma<Q6KBlock<true>>::K>(p[0].rows, b.n_blocks, n, st, b);
     return launch_mma<DenseMma<Q6KBlock<false>>::K>(p[0].rows, b.n_blocks, n, st, b);
   }
-  if (preload_mode() > 0) {
-    ASSIGN_OR_RETURN(const bool launched, launch_preload(b, n, st));
-    if (launched) return absl::OkStatus();
-  }
-  return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, q4k_max_slices());
+  return launch_mma<DenseMma<Q4KBlock>::K>(p[0].rows, b.n_blocks, n, st, b, max_slices);
 }
 
 bool mma_columns_fit(int64_t cols) { return cols > 0 && cols % 256 == 0 && cols / 256 <= kMaxMmaBlocks; }

@@ -80,12 +80,6 @@ bool linear_experts_q8_supported(const Weight& w, int64_t expert_bytes);
 // As linear_batch_cuda on the integer tensor cores whatever DSF_GEMV_MMA says: Q4_K or Q6_K,
 // one token, aligned; else Unimplemented.
 Status linear_batch_mma_cuda(const ExecCtx& ctx, const LinearJob* jobs, int n, OutRound round = OutRound::kBf16);
-// With DSF_GEMV_PRELOAD=1 (measurement) the dense Q4_K products (GGUF order) take a kernel whose
-// CTAs copy their first weight tiles into shared memory before waiting for the kernel before
-// them on the stream, where a tile fits beside x's digits at two CTAs a SM (=2: or at one): the
-// same products bit for bit. How many tiles a CTA of n products of w's shape preloads in that
-// mode (0: the streaming kernel takes them).
-int gemv_preload_tiles(const Weight& w, int n, int mode);
 
 // As linear_experts_cuda on the integer tensor cores whatever DSF_GEMV_MMA says: Q2_K (4-byte
 // aligned blocks) and Q3_K, n <= 16; else Unimplemented.

@@ -6,10 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
-#include <string>
 #include <utility>
 
 #include "gtest/gtest.h"
@@ -310,68 +308,6 @@ TEST_P(LinearCuda, TensorCoreGemvKeepsFp32Accuracy) {
       cudaStreamDestroy(s);
       for (void* p : std::initializer_list<void*>{dw, dx, dy}) cudaFree(p);
     }
-  }
-}
-
-// The dense Q4_K GEMV whose CTAs copy their first weight tiles into shared memory before they
-// wait (DSF_GEMV_PRELOAD=1 and 2) against the streaming one, bit for bit, outputs poisoned: the
-// released shapes (q_a; wq_b's 1,280 columns; wo_a's 8 groups; the shared expert's gate and up,
-// where a CTA preloads one of its two tiles and streams the other; wo_b's 8,192 columns, where a
-// tile fits beside x only at one CTA a SM, mode 2) and odd ones.
-TEST_P(LinearCuda, PreloadedGemvEqualsTheStreamedOneBitForBit) {
-  if (GetParam() != GgmlType::kQ4_K) GTEST_SKIP() << "Q4_K only";
-  struct Shape {
-    int64_t K, N;
-    int n;
-  };
-  const Shape shapes[] = {{5120, 1280, 1}, {1280, 4099, 1}, {4096, 1024, 8}, {5120, 2304, 2},
-                          {256, 17, 3},    {8192, 1031, 1}, {2304, 33, 5}};
-  int smem_per_sm = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0), cudaSuccess);
-  const bool roomy = smem_per_sm >= 200 * 1024;  // the H200's 228 KB a SM
-  for (const Shape& sh : shapes) {
-    const auto [K, N, n] = sh;
-    const GgmlType type = GgmlType::kQ4_K;
-    const uint64_t rb = *quant::row_bytes(type, K);
-    std::mt19937 rng(707 + static_cast<int>(K + N + n));
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> wf(static_cast<size_t>(K * N * n)), x(static_cast<size_t>(K * n));
-    for (float& v : wf) v = nd(rng) / std::sqrt(static_cast<float>(K));
-    for (float& v : x) v = quant::round_bf16(nd(rng));
-    std::vector<uint8_t> bytes(rb * N * n);
-    ASSERT_TRUE(quant::encode_row(type, wf.data(), bytes.data(), K * N * n).ok());
-    uint8_t* dw = to_device(bytes);
-    float* dx = to_device(x);
-    cudaStream_t s;
-    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
-    const ExecCtx ctx{Backend::kCuda, s};
-    const auto run = [&](int mode) {
-      std::vector<float> got(N * n);
-      float* dy = to_device(std::vector<float>(N * n, std::nanf("")));
-      std::vector<LinearJob> jobs;
-      for (int k = 0; k < n; ++k) jobs.push_back({Weight{type, K, N, dw + k * rb * N, rb}, dx + k * K, dy + k * N});
-      setenv("DSF_GEMV_PRELOAD", std::to_string(mode).c_str(), 1);
-      EXPECT_TRUE(linear_batch_mma_cuda(ctx, jobs.data(), n, OutRound::kF32).ok());
-      unsetenv("DSF_GEMV_PRELOAD");
-      EXPECT_EQ(cudaMemcpyAsync(got.data(), dy, got.size() * 4, cudaMemcpyDeviceToHost, s), cudaSuccess);
-      EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-      cudaFree(dy);
-      return got;
-    };
-    const std::vector<float> want = run(0);
-    EXPECT_TRUE(std::all_of(want.begin(), want.end(), [](float v) { return std::isfinite(v); })) << "K=" << K;
-    for (const int mode : {1, 2}) {
-      const int pre = gemv_preload_tiles(Weight{type, K, N, nullptr, rb}, n, mode);
-      const std::vector<float> got = run(mode);
-      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0)
-          << "K=" << K << " N=" << N << " n=" << n << " mode " << mode << " pre=" << pre;
-      if (roomy) {
-        EXPECT_EQ(pre >= 1, K != 8192 || mode == 2) << "K=" << K << " N=" << N << " mode " << mode;
-      }
-    }
-    EXPECT_EQ(gemv_preload_tiles(Weight{type, K, N, nullptr, rb}, n, 0), 0);
-    cudaStreamDestroy(s);
-    for (void* p : std::initializer_list<void*>{dw, dx}) cudaFree(p);
   }
 }
 
