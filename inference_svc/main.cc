@@ -1,4 +1,4 @@
-// dsflash-inference: loads a DeepSeek-V4.1 GGUF on the CPU backend and serves
+// dsflash-inference: loads a DeepSeek-V4.1 GGUF on the CPU or CUDA backend and serves
 // dsflash.v1.Inference over gRPC (TCP and/or unix:), grpc.health.v1, server reflection, and
 // Prometheus metrics. SIGTERM/SIGINT: stop admitting (readiness NOT_SERVING), let in-flight
 // requests finish within --grace-seconds, cut the rest with UNAVAILABLE, exit 0.
@@ -50,7 +50,9 @@ constexpr const char* kUsage =
     "  --expert-activations f32|q8  cuda: decode's Q2_K/Q3_K routed-expert GEMVs read fp32\n"
     "                          activations (default) or 8-bit ones with dp4a (LoadOptions::expert_act_q8)\n"
     "  --sampling device|host  cuda: draw tokens on the device (default; requests with logprobs are\n"
-    "                          drawn on the host) or always on the host\n";
+    "                          drawn on the host) or always on the host\n"
+    "  --prefix-cache N        sequences kept after their requests (default 1, 0 = off): a prompt that\n"
+    "                          continues one (the next turn of a chat) is prefilled only past it\n";
 
 struct Flags {
   std::string model;
@@ -67,6 +69,7 @@ struct Flags {
   bool prefetch_next_layer = false;
   bool expert_act_q8 = false;
   bool device_sampling = true;
+  size_t prefix_cache = 1;
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -107,6 +110,7 @@ bool parse_flags(int argc, char** argv, Flags* f) {
       f->device_sampling = v == "device";
       continue;
     }
+    if (a == "--prefix-cache" && value(&v) && absl::SimpleAtoi(v, &f->prefix_cache) && f->prefix_cache <= 64) continue;
     if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
     std::fprintf(stderr, "dsflash-inference: bad argument '%s'\n", a.c_str());
     return false;
@@ -248,7 +252,8 @@ int main(int argc, char** argv) {
 
   // Metrics and the gRPC server come up first: liveness SERVING, readiness NOT_SERVING and
   // every RPC UNAVAILABLE until the model is loaded.
-  engine::Metrics metrics(name);
+  const std::string backend_name = flags.backend == kernels::Backend::kCuda ? "cuda" : "cpu";
+  engine::Metrics metrics(name, backend_name);
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
     exposer = std::make_unique<prometheus::Exposer>(flags.metrics);
@@ -257,7 +262,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   exposer->RegisterCollectable(metrics.registry());
-  api::InferenceService service(&metrics, api::ServiceInfo{name, "cpu"});
+  api::InferenceService service(&metrics, api::ServiceInfo{name, backend_name});
   std::unique_ptr<grpc::Server> server = start_server(flags, service);
   if (!server) {
     log::error("cannot listen on %s", flags.listen);
@@ -296,6 +301,7 @@ int main(int argc, char** argv) {
   opt.default_max_new_tokens = flags.max_new_tokens;
   opt.prefill_chunk = flags.prefill_chunk;
   opt.device_sampling = flags.device_sampling;
+  opt.prefix_cache = flags.prefix_cache;
   engine::Engine eng(*l.model, *l.tok, &metrics, opt);
   api::Backend backend{&eng, l.tok.get(), &l.model->config(), nullptr};
   if (client) backend.available = [client] { return client->availability(); };

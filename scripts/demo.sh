@@ -62,7 +62,7 @@ echo "== the same as a chat in thinking mode"
 
 echo "== scraping http://127.0.0.1:$metrics_port/metrics"
 curl -fsS "http://127.0.0.1:$metrics_port/metrics" |
-  grep -E '^llm_(requests_total|request_finished_total|generation_tokens_total|prompt_tokens_total|expert_store_up|expert_fetch_seconds_count|build_info)'
+  grep -E '^llm_(requests_total|request_finished_total|generation_tokens_total|prompt_tokens_total|prompt_tokens_cached_total|expert_store_up|expert_fetch_seconds_count|build_info)'
 echo "== scraping http://127.0.0.1:$store_metrics_port/metrics"
 curl -fsS "http://127.0.0.1:$store_metrics_port/metrics" |
   grep -E '^dsflash_expertstore_(hits_total|misses_total|evictions_total|loads_total|bytes_read_total|capacity_slots|resident_slots|sessions|build_info)'

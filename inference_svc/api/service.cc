@@ -45,6 +45,7 @@ void fill_final(const engine::FinalEvent& f, dsflash::v1::Final* out) {
   out->set_matched_stop(f.matched_stop);
   out->mutable_usage()->set_prompt_tokens(f.prompt_tokens);
   out->mutable_usage()->set_completion_tokens(f.completion_tokens);
+  out->mutable_usage()->set_cached_tokens(f.cached_tokens);
   out->mutable_timings()->set_queue_seconds(f.queue_s);
   out->mutable_timings()->set_time_to_first_token_seconds(f.ttft_s);
   out->mutable_timings()->set_e2e_seconds(f.e2e_s);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "inference_svc/engine/stop_matcher.h"
@@ -30,7 +31,7 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 Engine::Engine(const model::Model& model, const tok::Tokenizer& tok, Metrics* metrics, EngineOptions options)
-    : model_(model), tok_(tok), metrics_(metrics), opt_(options) {
+    : model_(model), tok_(tok), metrics_(metrics), opt_(options), cache_(options.prefix_cache) {
   if (metrics_) metrics_->queue_capacity->Set(static_cast<double>(opt_.max_queue));
   thread_ = std::thread([this] { loop(); });
 }
@@ -247,8 +248,20 @@ class Output {
 
 }  // namespace
 
-// Chunked prefill, then one token per step until a stop condition; cancellation, deadline and
-// shutdown are checked before every model call.
+StatusOr<PrefixCache::Entry> Engine::sequence_for(const std::vector<int32_t>& prompt) {
+  std::optional<PrefixCache::Entry> hit = cache_.take(prompt);
+  if (metrics_ && cache_.capacity() > 0) metrics_->prefix_lookup(hit.has_value())->Increment();
+  if (hit) return std::move(*hit);
+  PrefixCache::Entry e;
+  e.seq = model_.new_sequence();
+  while (e.seq == nullptr && cache_.drop_oldest()) e.seq = model_.new_sequence();
+  if (e.seq == nullptr) return absl::ResourceExhaustedError("no device memory for a new sequence");
+  return e;
+}
+
+// Chunked prefill of what a kept sequence does not already hold, then one token per step until
+// a stop condition; cancellation, deadline and shutdown are checked before every model call.
+// The sequence is kept afterwards (also after a cancellation) unless a model call failed.
 Status Engine::generate(Job& job, FinalEvent& fin) {
   const GenerateParams& p = job.p;
   const auto start = Clock::now();
@@ -266,8 +279,15 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
     if (abort_) return abort_status_;
     return absl::OkStatus();
   };
-  auto seq = model_.new_sequence();
-  if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a new sequence");
+  ASSIGN_OR_RETURN(PrefixCache::Entry state, sequence_for(p.prompt));
+  fin.cached_tokens = static_cast<uint32_t>(state.tokens.size());
+  if (metrics_) metrics_->prompt_tokens_cached->Increment(fin.cached_tokens);
+  bool intact = true;  // false once a model call failed: the state is then unknown
+  absl::Cleanup keep = [&] {
+    if (intact) cache_.put(std::move(state));
+    if (metrics_) metrics_->prefix_cache_tokens->Set(static_cast<double>(cache_.tokens()));
+  };
+  model::Sequence& seq = *state.seq;
   Output out(p, tok_);
   // On the CUDA backend the next token is drawn on the device after the prompt's last chunk
   // and every decode step; logprobs need the logits on the host.
@@ -275,11 +295,14 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
   std::vector<float> logits;
   int32_t drawn = -1;
   auto run = [&](const std::vector<int32_t>& tokens, bool last) -> Status {
-    if (last && on_device) return model_.forward_draw(*seq, tokens, out.device_draw(), &drawn);
-    return model_.forward(*seq, tokens, false, &logits);
+    const Status s = last && on_device ? model_.forward_draw(seq, tokens, out.device_draw(), &drawn)
+                                       : model_.forward(seq, tokens, false, &logits);
+    if (s.ok()) state.tokens.insert(state.tokens.end(), tokens.begin(), tokens.end());
+    intact = intact && s.ok();
+    return s;
   };
   const size_t chunk = std::max<uint32_t>(1, opt_.prefill_chunk);
-  for (size_t at = 0; at < p.prompt.size(); at += chunk) {
+  for (size_t at = fin.cached_tokens; at < p.prompt.size(); at += chunk) {
     RETURN_IF_ERROR(check());
     const size_t n = std::min(chunk, p.prompt.size() - at);
     RETURN_IF_ERROR(run(std::vector<int32_t>(p.prompt.begin() + at, p.prompt.begin() + at + n), at + n == p.prompt.size()));
@@ -289,7 +312,7 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
   auto last_token = prefill_done;
   for (;;) {
     TokensEvent ev;
-    const int64_t room = model_.config().n_ctx - seq->n_past;
+    const int64_t room = model_.config().n_ctx - seq.n_past;
     ASSIGN_OR_RETURN(const bool done, on_device ? out.accept(drawn, room, ev, fin) : out.step(logits, room, ev, fin));
     const int32_t token = ev.ids.back();
     const auto now = Clock::now();

@@ -2,8 +2,9 @@
 // sequence's state, runs prefill then decode step by step, samples, detokenises (never
 // splitting a UTF-8 character), matches stop strings and token ids, and reports to a Stream.
 // Cancellation and deadlines are checked on every step; a finished, cancelled or expired
-// request frees its sequence at once. Requests are served one after another today; the queue
-// and Stream interfaces do not assume it (batching several sequences per step fits behind them).
+// request's sequence is kept for prefix reuse (prefix_cache.h) or freed at once. Requests are
+// served one after another today; the queue and Stream interfaces do not assume it (batching
+// several sequences per step fits behind them).
 #pragma once
 
 #include <atomic>
@@ -20,6 +21,7 @@
 #include "common/status.h"
 #include "common/tokenizer/tokenizer.h"
 #include "inference_svc/engine/metrics.h"
+#include "inference_svc/engine/prefix_cache.h"
 #include "inference_svc/engine/sampler.h"
 #include "inference_svc/model/model.h"
 
@@ -65,6 +67,7 @@ struct FinalEvent {
   FinishReason reason = FinishReason::kLength;
   std::string matched_stop;
   uint32_t prompt_tokens = 0, completion_tokens = 0;
+  uint32_t cached_tokens = 0;  // prompt tokens a kept sequence already held (not prefilled again)
   double queue_s = 0, ttft_s = 0, e2e_s = 0;
   uint64_t seed = 0;
 };
@@ -90,6 +93,12 @@ struct EngineOptions {
   // CUDA backend: tokens are drawn on the device (Model::forward_draw) unless the request asks
   // for logprobs, which need the logits on the host. Off: every draw on the host (measurement).
   bool device_sampling = true;
+  // Sequences kept after their requests for prefix reuse (prefix_cache.h): a prompt that
+  // continues a kept sequence's tokens is prefilled from where they end. 0: none kept. On the
+  // CPU backend the logits equal a whole prefill's bit for bit; on the CUDA backend the kept
+  // part was computed by decode steps, whose GEMVs round differently from the prefill's GEMMs
+  // (within the golden bounds either way).
+  size_t prefix_cache = 1;
 };
 
 class Engine {
@@ -120,6 +129,8 @@ class Engine {
   void loop();
   void run(Job& job);
   Status generate(Job& job, FinalEvent& fin);
+  // The state a request runs on: a kept sequence whose tokens begin its prompt, else a new one.
+  StatusOr<PrefixCache::Entry> sequence_for(const std::vector<int32_t>& prompt);
 
   const model::Model& model_;
   const tok::Tokenizer& tok_;
@@ -133,6 +144,7 @@ class Engine {
   std::atomic<bool> draining_{false};
   std::atomic<bool> abort_{false};
   Status abort_status_;
+  PrefixCache cache_;  // the scheduler thread's
   std::thread thread_;
 };
 

@@ -21,7 +21,7 @@ prometheus::Gauge* gauge(prometheus::Registry& r, const std::string& name, const
 
 }  // namespace
 
-Metrics::Metrics(const std::string& model_name) : registry_(std::make_shared<prometheus::Registry>()) {
+Metrics::Metrics(const std::string& model_name, const std::string& backend) : registry_(std::make_shared<prometheus::Registry>()) {
   auto& r = *registry_;
   requests_ = &prometheus::BuildCounter().Name("llm_requests_total").Help("RPCs by method and gRPC status").Register(r);
   finished_ = &prometheus::BuildCounter().Name("llm_request_finished_total").Help("Generations by finish reason").Register(r);
@@ -42,7 +42,23 @@ Metrics::Metrics(const std::string& model_name) : registry_(std::make_shared<pro
   decode_time = hist(r, "llm_request_decode_time_seconds", "Decode time", exp_buckets(0.01, 2, 16));
   prompt_tokens_hist = hist(r, "llm_request_prompt_tokens", "Prompt tokens per request", exp_buckets(1, 2, 20));
   generation_tokens_hist = hist(r, "llm_request_generation_tokens", "Generated tokens per request", exp_buckets(1, 2, 16));
-  prompt_tokens = &prometheus::BuildCounter().Name("llm_prompt_tokens_total").Help("Prompt tokens processed").Register(r).Add({});
+  prompt_tokens = &prometheus::BuildCounter()
+                       .Name("llm_prompt_tokens_total")
+                       .Help("Prompt tokens of the requests run (llm_prompt_tokens_cached_total of them not prefilled again)")
+                       .Register(r)
+                       .Add({});
+  prompt_tokens_cached = &prometheus::BuildCounter()
+                              .Name("llm_prompt_tokens_cached_total")
+                              .Help("Prompt tokens whose prefill a kept sequence spared (prefix reuse)")
+                              .Register(r)
+                              .Add({});
+  auto& lookups = prometheus::BuildCounter()
+                      .Name("llm_prefix_cache_requests_total")
+                      .Help("Requests by whether they continued a kept sequence (hit) or were prefilled whole (miss)")
+                      .Register(r);
+  prefix_hit_ = &lookups.Add({{"result", "hit"}});
+  prefix_miss_ = &lookups.Add({{"result", "miss"}});
+  prefix_cache_tokens = gauge(r, "llm_prefix_cache_tokens", "Tokens held by the sequences kept for prefix reuse");
   generation_tokens =
       &prometheus::BuildCounter().Name("llm_generation_tokens_total").Help("Tokens generated").Register(r).Add({});
   store_up = gauge(r, "llm_expert_store_up", "1 while routed experts are reachable (store session up, or in-process)");
@@ -57,7 +73,7 @@ Metrics::Metrics(const std::string& model_name) : registry_(std::make_shared<pro
       .Name("llm_build_info")
       .Help("Build and model information")
       .Register(r)
-      .Add({{"version", "0.1.0"}, {"model", model_name}, {"backend", "cpu"}})
+      .Add({{"version", "0.1.0"}, {"model", model_name}, {"backend", backend}})
       .Set(1);
 }
 

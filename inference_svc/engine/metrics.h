@@ -14,7 +14,8 @@ namespace dsflash::engine {
 
 class Metrics {
  public:
-  explicit Metrics(const std::string& model_name);
+  // backend: "cpu" or "cuda", a label of llm_build_info.
+  Metrics(const std::string& model_name, const std::string& backend);
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
   void request_done(const std::string& rpc, const std::string& code);
@@ -36,6 +37,11 @@ class Metrics {
   prometheus::Histogram* generation_tokens_hist;
   prometheus::Counter* prompt_tokens;
   prometheus::Counter* generation_tokens;
+  // Prefix reuse (engine.h, EngineOptions::prefix_cache): prompt tokens whose prefill a kept
+  // sequence spared, requests by whether one continued a kept sequence, and the tokens kept.
+  prometheus::Counter* prompt_tokens_cached;
+  prometheus::Counter* prefix_lookup(bool hit) { return hit ? prefix_hit_ : prefix_miss_; }
+  prometheus::Gauge* prefix_cache_tokens;
   prometheus::Gauge* store_up;  // 1 while the expert store session is up (or experts are in-process)
   prometheus::Histogram* expert_fetch(bool hit) { return hit ? expert_hit_ : expert_miss_; }
 
@@ -45,6 +51,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* finished_;
   prometheus::Family<prometheus::Counter>* rejections_;
   prometheus::Histogram *expert_hit_, *expert_miss_;
+  prometheus::Counter *prefix_hit_, *prefix_miss_;
 };
 
 }  // namespace dsflash::engine

@@ -254,6 +254,35 @@ TEST_F(Service, ChunkedPrefillServerGivesTheSameTokens) {
   EXPECT_EQ(a.ids(), b.ids());
 }
 
+// A chat's next turn (the first prompt, its reply, a new message) continues the sequence the
+// server kept: usage.cached_tokens counts what was not prefilled again, the metrics count it,
+// and the tokens equal a server that keeps nothing.
+TEST_F(Service, NextTurnReusesTheKeptPrefix) {
+  ServerProcess fresh({"--prefix-cache", "0"});
+  ASSERT_TRUE(fresh.ready()) << fresh.log();
+  const double cached_before = metric_value(server_->metrics(), "llm_prompt_tokens_cached_total");
+  GenerateRequest first = greedy("", 12);
+  for (uint32_t id : {9u, 301u, 77u, 5u, 140u, 222u, 18u}) first.mutable_prompt_token_ids()->add_ids(id);
+  const auto a = run_stream(server_->stub(), first);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  GenerateRequest next = first;
+  for (uint32_t id : a.ids()) next.mutable_prompt_token_ids()->add_ids(id);
+  for (uint32_t id : {61u, 62u, 63u}) next.mutable_prompt_token_ids()->add_ids(id);
+  const auto b = run_stream(server_->stub(), next);
+  const auto want = run_stream(fresh.stub(), next);
+  ASSERT_TRUE(b.status.ok() && want.status.ok());
+  const auto& usage = b.events.back().final().usage();
+  EXPECT_EQ(usage.prompt_tokens(), 7u + 12u + 3u);
+  EXPECT_EQ(usage.cached_tokens(), 7u + 12u - 1u);  // the reply's last token was drawn, not run
+  EXPECT_EQ(want.events.back().final().usage().cached_tokens(), 0u);
+  EXPECT_EQ(b.ids(), want.ids());
+  const std::string m = server_->metrics();
+  EXPECT_EQ(metric_value(m, "llm_prompt_tokens_cached_total") - cached_before, 18.0);
+  EXPECT_NE(m.find("llm_prefix_cache_requests_total{result=\"hit\"}"), std::string::npos);
+  EXPECT_NE(m.find("backend=\"cpu\""), std::string::npos);
+  EXPECT_GE(metric_value(m, "llm_prefix_cache_tokens"), 7.0 + 12 + 3 + 12 - 1);
+}
+
 TEST_F(Service, ReflectionListsTheServices) {
   auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(server_->channel());
   grpc::ClientContext ctx;

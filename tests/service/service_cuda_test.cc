@@ -30,6 +30,11 @@ TEST(ServiceCuda, DeviceDrawsMatchHostDraws) {
   ServerProcess host({"--backend", "cuda", "--sampling", "host"});
   ASSERT_TRUE(dev.ready()) << dev.log();
   ASSERT_TRUE(host.ready()) << host.log();
+  grpc::ClientContext ctx;
+  dsflash::v1::ModelInfo info;
+  ASSERT_TRUE(dev.stub().GetModelInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.backend(), "cuda");
+  EXPECT_NE(dev.metrics().find("backend=\"cuda\""), std::string::npos);
   std::vector<GenerateRequest> reqs = {request(0.0f, 0, 1.0f, 0.0f, 1), request(1.0f, 0, 1.0f, 0.0f, 2),
                                        request(0.8f, 40, 0.9f, 0.0f, 3), request(1.2f, 0, 0.95f, 0.05f, 4)};
   GenerateRequest pen = request(0.9f, 0, 0.95f, 0.0f, 5);

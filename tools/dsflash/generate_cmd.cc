@@ -90,9 +90,9 @@ int generate_main(const std::vector<std::string>& argv) {
     } else if (ev.has_final()) {
       got_final = true;
       const auto& f = ev.final();
-      std::fprintf(stderr, "\n[%s: %u prompt + %u generated tokens, ttft %.3f s, total %.3f s, seed %llu]\n",
+      std::fprintf(stderr, "\n[%s: %u prompt (%u cached) + %u generated tokens, ttft %.3f s, total %.3f s, seed %llu]\n",
                    dsflash::v1::FinishReason_Name(f.finish_reason()).c_str(), f.usage().prompt_tokens(),
-                   f.usage().completion_tokens(), f.timings().time_to_first_token_seconds(), f.timings().e2e_seconds(),
+                   f.usage().cached_tokens(), f.usage().completion_tokens(), f.timings().time_to_first_token_seconds(), f.timings().e2e_seconds(),
                    static_cast<unsigned long long>(f.seed()));
     }
     std::fflush(stdout);

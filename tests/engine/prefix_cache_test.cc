@@ -1,0 +1,230 @@
+// Prefix reuse (engine/prefix_cache.h): which kept sequence serves a prompt, and, through the
+// engine on the CPU backend, that a request continuing a kept sequence streams the same
+// tokens and log-probabilities, bit for bit, as the same request prefilled whole.
+#include "inference_svc/engine/prefix_cache.h"
+
+#include <future>
+
+#include "common/gguf/gguf.h"
+#include "gtest/gtest.h"
+#include "inference_svc/engine/engine.h"
+#include "tests/test_util.h"
+#include "tools/dsflash/synth_model.h"
+
+namespace dsflash::engine {
+namespace {
+
+PrefixCache::Entry entry(std::vector<int32_t> tokens) {
+  PrefixCache::Entry e{std::make_unique<model::Sequence>(), std::move(tokens)};
+  e.seq->n_past = static_cast<int64_t>(e.tokens.size());
+  return e;
+}
+
+TEST(PrefixCache, TakesTheLongestProperPrefix) {
+  PrefixCache c(3);
+  c.put(entry({1, 2}));
+  c.put(entry({1, 2, 3, 4}));
+  c.put(entry({7, 8, 9}));
+  EXPECT_EQ(c.size(), 3u);
+  EXPECT_EQ(c.tokens(), 9u);
+  // {1,2,3,4} equals the prompt: no token would be left to run, so {1,2} serves.
+  auto hit = c.take({1, 2, 3, 4});
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->tokens, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(c.size(), 2u);
+  c.put(std::move(*hit));
+  hit = c.take({1, 2, 3, 4, 5});
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->tokens, (std::vector<int32_t>{1, 2, 3, 4}));
+  // A diverging prompt misses, and the miss makes room for its new sequence (3 - 1 kept).
+  c.put(entry({5, 6}));
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_FALSE(c.take({1, 3, 3, 4, 5}).has_value());
+  EXPECT_EQ(c.size(), 2u);
+  EXPECT_FALSE(c.take({7, 8, 9}).has_value());  // equal, not a proper prefix
+}
+
+TEST(PrefixCache, KeepsOnlyWhatItMayAndDropsTheOldest) {
+  PrefixCache c(2);
+  c.put(entry({1}));
+  c.put(entry({2}));
+  c.put(entry({3}));  // the oldest ({1}) goes
+  EXPECT_EQ(c.size(), 2u);
+  EXPECT_FALSE(c.take({1, 0}).has_value());
+  PrefixCache::Entry stale = entry({4, 5});
+  stale.seq->n_past = 1;  // a state that does not cover its tokens is never kept
+  c.put(std::move(stale));
+  c.put(PrefixCache::Entry{nullptr, {6}});
+  EXPECT_LE(c.size(), 2u);
+  EXPECT_FALSE(c.take({4, 5, 6}).has_value());
+  PrefixCache off(0);
+  off.put(entry({1}));
+  EXPECT_EQ(off.size(), 0u);
+  EXPECT_FALSE(off.take({1, 2}).has_value());
+}
+
+// Collects a request's events; wait() returns once it ended.
+struct Collector : Stream {
+  std::vector<int32_t> ids;
+  std::vector<TokenLogprob> logprobs;
+  FinalEvent fin;
+  Status error;
+  size_t cancel_after = 0;  // cancels once this many tokens came (0: never)
+  std::promise<void> done;
+  void on_tokens(TokensEvent e) override {
+    ids.insert(ids.end(), e.ids.begin(), e.ids.end());
+    logprobs.insert(logprobs.end(), e.logprobs.begin(), e.logprobs.end());
+  }
+  void on_final(FinalEvent e) override {
+    fin = std::move(e);
+    done.set_value();
+  }
+  void on_error(Status s) override {
+    error = std::move(s);
+    done.set_value();
+  }
+  bool cancelled() const override { return cancel_after > 0 && ids.size() >= cancel_after; }
+};
+
+class PrefixReuse : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    const std::string path = dir_->file("tiny.gguf");
+    ASSERT_TRUE(tools::write_synthetic_model(tools::SynthOptions{}, path, 1).ok());
+    file_ = std::move(*gguf::Model::open(path)).release();
+    model_ = std::move(*model::Model::load(*file_)).release();
+    tok_ = std::move(*tok::Tokenizer::from_gguf(*file_)).release();
+  }
+  static void TearDownTestSuite() {
+    delete tok_;
+    delete model_;
+    delete file_;
+    delete dir_;
+  }
+
+  static std::unique_ptr<Engine> engine(size_t kept) {
+    EngineOptions o;
+    o.prefix_cache = kept;
+    o.prefill_chunk = 7;  // chunks that straddle the kept prefix's end
+    return std::make_unique<Engine>(*model_, *tok_, nullptr, o);
+  }
+  static GenerateParams params(std::vector<int32_t> prompt, uint32_t n, uint64_t seed) {
+    GenerateParams p;
+    p.prompt = std::move(prompt);
+    p.sampling.temperature = 0.9f;
+    p.sampling.seed = seed;
+    p.seed_given = true;
+    p.stop.max_new_tokens = n;
+    p.stop.ignore_eos = true;
+    p.output.logprobs = true;
+    p.output.top_logprobs = 3;
+    return p;
+  }
+  static std::shared_ptr<Collector> run(Engine& e, GenerateParams p, size_t cancel_after = 0) {
+    auto c = std::make_shared<Collector>();
+    c->cancel_after = cancel_after;
+    EXPECT_TRUE(e.validate(p).ok());
+    EXPECT_TRUE(e.submit(std::move(p), c).ok());
+    c->done.get_future().wait();
+    return c;
+  }
+  static std::vector<int32_t> tokens(const std::string& text) { return *tok_->encode(text); }
+  static std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  // The same request on an engine that keeps nothing.
+  static void expect_same_as_fresh(const GenerateParams& p, const Collector& got) {
+    auto fresh = engine(0);
+    const auto want = run(*fresh, p);
+    ASSERT_TRUE(want->error.ok()) << want->error;
+    EXPECT_EQ(want->fin.cached_tokens, 0u);
+    EXPECT_EQ(got.ids, want->ids);
+    ASSERT_EQ(got.logprobs.size(), want->logprobs.size());
+    for (size_t i = 0; i < got.logprobs.size(); ++i) {
+      EXPECT_EQ(got.logprobs[i].logprob, want->logprobs[i].logprob) << i;
+      EXPECT_EQ(got.logprobs[i].top_ids, want->logprobs[i].top_ids) << i;
+      EXPECT_EQ(got.logprobs[i].top_logprobs, want->logprobs[i].top_logprobs) << i;
+    }
+  }
+
+  static testing::TempDir* dir_;
+  static gguf::Model* file_;
+  static model::Model* model_;
+  static tok::Tokenizer* tok_;
+};
+testing::TempDir* PrefixReuse::dir_ = nullptr;
+gguf::Model* PrefixReuse::file_ = nullptr;
+model::Model* PrefixReuse::model_ = nullptr;
+tok::Tokenizer* PrefixReuse::tok_ = nullptr;
+
+// A chat's second turn re-sends the first prompt and reply: only the rest is prefilled, and
+// the contexts are long enough (past the window and the indexer's top-k) for every cache of
+// the kept state to matter.
+TEST_F(PrefixReuse, ASecondTurnContinuesTheFirstBitForBit) {
+  auto e = engine(1);
+  const auto first = tokens("The first question of a long conversation about numbers, letters and rivers");
+  const auto a = run(*e, params(first, 20, 11));
+  ASSERT_TRUE(a->error.ok()) << a->error;
+  EXPECT_EQ(a->fin.cached_tokens, 0u);
+  const GenerateParams second = params(cat(cat(first, a->ids), tokens(" and then a follow-up question")), 16, 12);
+  const auto b = run(*e, second);
+  ASSERT_TRUE(b->error.ok()) << b->error;
+  // The last reply token was drawn, never run: the kept state ends one before it.
+  EXPECT_EQ(b->fin.cached_tokens, first.size() + a->ids.size() - 1);
+  EXPECT_EQ(b->fin.prompt_tokens, second.prompt.size());
+  expect_same_as_fresh(second, *b);
+  // A third turn continues the second's sequence in turn.
+  const GenerateParams third = params(cat(cat(second.prompt, b->ids), tokens(" thanks")), 8, 13);
+  const auto c = run(*e, third);
+  ASSERT_TRUE(c->error.ok()) << c->error;
+  EXPECT_EQ(c->fin.cached_tokens, second.prompt.size() + b->ids.size() - 1);
+  expect_same_as_fresh(third, *c);
+}
+
+// A prompt that leaves the kept tokens (an edited earlier turn) is prefilled whole.
+TEST_F(PrefixReuse, ADivergingPromptIsPrefilledWhole) {
+  auto e = engine(1);
+  const auto first = tokens("Rivers run to the sea, and the sea runs nowhere at all");
+  const auto a = run(*e, params(first, 6, 21));
+  ASSERT_TRUE(a->error.ok()) << a->error;
+  std::vector<int32_t> edited = cat(first, a->ids);
+  edited[3] = edited[3] == 5 ? 6 : 5;
+  const GenerateParams p = params(cat(edited, tokens(" again")), 6, 22);
+  const auto b = run(*e, p);
+  ASSERT_TRUE(b->error.ok()) << b->error;
+  EXPECT_EQ(b->fin.cached_tokens, 0u);
+  expect_same_as_fresh(p, *b);
+}
+
+// A cancelled request's state is whole up to the last token it ran, and is kept.
+TEST_F(PrefixReuse, ACancelledRequestIsKeptUpToWhatItRan) {
+  auto e = engine(1);
+  const auto first = tokens("Count with me: one, two, three, four, five, six");
+  const auto a = run(*e, params(first, 40, 31), 5);
+  EXPECT_TRUE(absl::IsCancelled(a->error)) << a->error;
+  ASSERT_EQ(a->ids.size(), 5u);
+  const GenerateParams p = params(cat(cat(first, a->ids), tokens(" seven")), 10, 32);
+  const auto b = run(*e, p);
+  ASSERT_TRUE(b->error.ok()) << b->error;
+  EXPECT_EQ(b->fin.cached_tokens, first.size() + 4);
+  expect_same_as_fresh(p, *b);
+}
+
+// With two kept, two conversations taking turns both continue.
+TEST_F(PrefixReuse, TwoConversationsTakingTurnsBothContinue) {
+  auto e = engine(2);
+  const auto x = tokens("Conversation X begins here");
+  const auto y = tokens("Conversation Y begins somewhere else entirely");
+  const auto ax = run(*e, params(x, 5, 41));
+  const auto ay = run(*e, params(y, 5, 42));
+  ASSERT_TRUE(ax->error.ok() && ay->error.ok());
+  const auto bx = run(*e, params(cat(cat(x, ax->ids), tokens(" more")), 5, 43));
+  const auto by = run(*e, params(cat(cat(y, ay->ids), tokens(" more")), 5, 44));
+  EXPECT_EQ(bx->fin.cached_tokens, x.size() + 4);
+  EXPECT_EQ(by->fin.cached_tokens, y.size() + 4);
+}
+
+}  // namespace
+}  // namespace dsflash::engine
