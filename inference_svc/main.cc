@@ -51,8 +51,9 @@ constexpr const char* kUsage =
     "                          activations (default) or 8-bit ones with dp4a (LoadOptions::expert_act_q8)\n"
     "  --sampling device|host  cuda: draw tokens on the device (default; requests with logprobs are\n"
     "                          drawn on the host) or always on the host\n"
-    "  --prefix-cache N        sequences kept after their requests (default 1, 0 = off): a prompt that\n"
-    "                          continues one (the next turn of a chat) is prefilled only past it\n";
+    "  --prefix-cache N        sequences kept after their requests (default 2, 0 = off): a prompt that\n"
+    "                          continues one (the next turn of a chat) is prefilled only past it; with\n"
+    "                          N >= 2 on the CPU backend, also the prompt's state before its last token\n";
 
 struct Flags {
   std::string model;
@@ -69,7 +70,7 @@ struct Flags {
   bool prefetch_next_layer = false;
   bool expert_act_q8 = false;
   bool device_sampling = true;
-  size_t prefix_cache = 1;
+  size_t prefix_cache = 2;
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {

@@ -259,9 +259,75 @@ StatusOr<PrefixCache::Entry> Engine::sequence_for(const std::vector<int32_t>& pr
   return e;
 }
 
+// One request on its sequence: the model calls (each appends what it ran to the state's
+// tokens; after a failed one the state is unknown and is not kept), the checks before each,
+// and where the next token comes from. On the CUDA backend it is drawn on the device after the
+// prompt's last chunk and every decode step; logprobs need the logits on the host.
+struct Engine::Run {
+  Run(Engine& engine, Job& j, PrefixCache::Entry s)
+      : e(engine), job(j), state(std::move(s)), out(j.p, engine.tok_),
+        on_device(engine.opt_.device_sampling && engine.model_.draws_on_device() && !j.p.output.logprobs) {}
+
+  Status check() const {
+    if (job.stream->cancelled()) return absl::CancelledError("the client cancelled the request");
+    if (Clock::now() > job.p.deadline) return absl::DeadlineExceededError("the request deadline passed");
+    if (e.abort_) return e.abort_status_;
+    return absl::OkStatus();
+  }
+  Status call(const std::vector<int32_t>& tokens, bool last) {
+    RETURN_IF_ERROR(check());
+    model::Sequence& seq = *state.seq;
+    const Status s = last && on_device ? e.model_.forward_draw(seq, tokens, out.device_draw(), &drawn)
+                                       : e.model_.forward(seq, tokens, false, &logits);
+    if (s.ok()) state.tokens.insert(state.tokens.end(), tokens.begin(), tokens.end());
+    intact = intact && s.ok();
+    return s;
+  }
+  // Prompt tokens [from, to) in chunks of --prefill-chunk.
+  Status prefill(size_t from, size_t to) {
+    const std::vector<int32_t>& prompt = job.p.prompt;
+    const size_t chunk = std::max<uint32_t>(1, e.opt_.prefill_chunk);
+    for (size_t at = from; at < to; at += chunk) {
+      const size_t n = std::min(chunk, to - at);
+      RETURN_IF_ERROR(call(std::vector<int32_t>(prompt.begin() + at, prompt.begin() + at + n), at + n == prompt.size()));
+    }
+    return absl::OkStatus();
+  }
+  // A copy of the state so far, kept with it afterwards (room made for the copy first).
+  void copy_state() {
+    e.cache_.reserve(2);  // the running sequence and the copy
+    auto copy = e.model_.copy_sequence(*state.seq);
+    if (!copy.ok()) {
+      log::warn("prefix cache: no copy of the prompt's state: %s", std::string(copy.status().message()));
+      return;
+    }
+    checkpoint = PrefixCache::Entry{std::move(*copy), state.tokens};
+  }
+  // Into the cache: the copy, then the state (the more recent) unless a call failed.
+  void keep() {
+    if (checkpoint) e.cache_.put(std::move(*checkpoint));
+    if (intact) e.cache_.put(std::move(state));
+    if (e.metrics_) e.metrics_->prefix_cache_tokens->Set(static_cast<double>(e.cache_.tokens()));
+  }
+
+  Engine& e;
+  Job& job;
+  PrefixCache::Entry state;
+  std::optional<PrefixCache::Entry> checkpoint;
+  bool intact = true;
+  Output out;
+  const bool on_device;
+  std::vector<float> logits;
+  int32_t drawn = -1;
+};
+
 // Chunked prefill of what a kept sequence does not already hold, then one token per step until
 // a stop condition; cancellation, deadline and shutdown are checked before every model call.
 // The sequence is kept afterwards (also after a cancellation) unless a model call failed.
+// Where the model copies sequences and two may be kept, the prompt's last token runs alone
+// after a copy of the state before it is taken: a chat template that renders an earlier reply
+// otherwise than it was generated (DeepSeek's thinking mode drops the reasoning of earlier
+// turns) makes the next turn leave the kept tokens right after that point.
 Status Engine::generate(Job& job, FinalEvent& fin) {
   const GenerateParams& p = job.p;
   const auto start = Clock::now();
@@ -273,50 +339,26 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
     metrics_->prompt_tokens->Increment(static_cast<double>(p.prompt.size()));
     metrics_->prompt_tokens_hist->Observe(static_cast<double>(p.prompt.size()));
   }
-  auto check = [&]() -> Status {
-    if (job.stream->cancelled()) return absl::CancelledError("the client cancelled the request");
-    if (Clock::now() > p.deadline) return absl::DeadlineExceededError("the request deadline passed");
-    if (abort_) return abort_status_;
-    return absl::OkStatus();
-  };
   ASSIGN_OR_RETURN(PrefixCache::Entry state, sequence_for(p.prompt));
   fin.cached_tokens = static_cast<uint32_t>(state.tokens.size());
   if (metrics_) metrics_->prompt_tokens_cached->Increment(fin.cached_tokens);
-  bool intact = true;  // false once a model call failed: the state is then unknown
-  absl::Cleanup keep = [&] {
-    if (intact) cache_.put(std::move(state));
-    if (metrics_) metrics_->prefix_cache_tokens->Set(static_cast<double>(cache_.tokens()));
-  };
-  model::Sequence& seq = *state.seq;
-  Output out(p, tok_);
-  // On the CUDA backend the next token is drawn on the device after the prompt's last chunk
-  // and every decode step; logprobs need the logits on the host.
-  const bool on_device = opt_.device_sampling && model_.draws_on_device() && !p.output.logprobs;
-  std::vector<float> logits;
-  int32_t drawn = -1;
-  auto run = [&](const std::vector<int32_t>& tokens, bool last) -> Status {
-    const Status s = last && on_device ? model_.forward_draw(seq, tokens, out.device_draw(), &drawn)
-                                       : model_.forward(seq, tokens, false, &logits);
-    if (s.ok()) state.tokens.insert(state.tokens.end(), tokens.begin(), tokens.end());
-    intact = intact && s.ok();
-    return s;
-  };
-  const size_t chunk = std::max<uint32_t>(1, opt_.prefill_chunk);
-  for (size_t at = fin.cached_tokens; at < p.prompt.size(); at += chunk) {
-    RETURN_IF_ERROR(check());
-    const size_t n = std::min(chunk, p.prompt.size() - at);
-    RETURN_IF_ERROR(run(std::vector<int32_t>(p.prompt.begin() + at, p.prompt.begin() + at + n), at + n == p.prompt.size()));
-  }
+  Run r(*this, job, std::move(state));
+  absl::Cleanup keep = [&r] { r.keep(); };
+  const bool copy = cache_.capacity() >= 2 && model_.copies_sequences() && p.prompt.size() >= fin.cached_tokens + 2;
+  const size_t split = copy ? p.prompt.size() - 1 : p.prompt.size();
+  RETURN_IF_ERROR(r.prefill(fin.cached_tokens, split));
+  if (copy) r.copy_state();
+  RETURN_IF_ERROR(r.prefill(split, p.prompt.size()));
   const auto prefill_done = Clock::now();
   if (metrics_) metrics_->prefill_time->Observe(seconds(prefill_done - start));
   auto last_token = prefill_done;
   for (;;) {
     TokensEvent ev;
-    const int64_t room = model_.config().n_ctx - seq.n_past;
-    ASSIGN_OR_RETURN(const bool done, on_device ? out.accept(drawn, room, ev, fin) : out.step(logits, room, ev, fin));
+    const int64_t room = model_.config().n_ctx - r.state.seq->n_past;
+    ASSIGN_OR_RETURN(const bool done, r.on_device ? r.out.accept(r.drawn, room, ev, fin) : r.out.step(r.logits, room, ev, fin));
     const int32_t token = ev.ids.back();
     const auto now = Clock::now();
-    const bool first = out.n_generated() == 1;
+    const bool first = r.out.n_generated() == 1;
     if (first) fin.ttft_s = seconds(now - job.admitted);
     if (metrics_) {
       metrics_->generation_tokens->Increment();
@@ -325,10 +367,9 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
     last_token = now;
     job.stream->on_tokens(std::move(ev));
     if (done) break;
-    RETURN_IF_ERROR(check());
-    RETURN_IF_ERROR(run({token}, true));
+    RETURN_IF_ERROR(r.call({token}, true));
   }
-  fin.completion_tokens = static_cast<uint32_t>(out.n_generated());
+  fin.completion_tokens = static_cast<uint32_t>(r.out.n_generated());
   fin.e2e_s = seconds(Clock::now() - job.admitted);
   if (metrics_) metrics_->decode_time->Observe(seconds(Clock::now() - prefill_done));
   return absl::OkStatus();

@@ -17,8 +17,12 @@ std::optional<PrefixCache::Entry> PrefixCache::take(const std::vector<int32_t>& 
     entries_.erase(best);
     return e;
   }
-  while (!entries_.empty() && entries_.size() + 1 > capacity_) drop_oldest();
+  reserve(1);
   return std::nullopt;
+}
+
+void PrefixCache::reserve(size_t live) {
+  while (!entries_.empty() && entries_.size() + live > capacity_) drop_oldest();
 }
 
 void PrefixCache::put(Entry e) {

@@ -33,6 +33,8 @@ class PrefixCache {
   std::optional<Entry> take(const std::vector<int32_t>& prompt);
   // Keeps `e` as the most recent (nothing with capacity 0). Its sequence must cover its tokens.
   void put(Entry e);
+  // Drops the least recently kept entries until `live` more sequences fit in the capacity.
+  void reserve(size_t live);
   // Drops the least recently kept entry (to free memory for a new sequence); false if none.
   bool drop_oldest();
 

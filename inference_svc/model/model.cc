@@ -98,6 +98,16 @@ std::unique_ptr<Sequence> Model::new_sequence() const {
   return s;
 }
 
+StatusOr<std::unique_ptr<Sequence>> Model::copy_sequence(const Sequence& seq) const {
+  if (!copies_sequences()) {
+    return absl::UnimplementedError("copying a sequence's device state is not implemented on the CUDA backend");
+  }
+  if (seq.device != nullptr || seq.layers.size() != cfg_.n_layer) {
+    return absl::InvalidArgumentError("the sequence is not one of this model's (CPU backend)");
+  }
+  return std::make_unique<Sequence>(seq);
+}
+
 void Model::embed(const std::vector<int32_t>& tokens, std::vector<float>& h) const {
   const int64_t C = cfg_.hc_mult, D = cfg_.n_embd;
   h.resize(tokens.size() * C * D);

@@ -1,6 +1,7 @@
 // Prefix reuse (engine/prefix_cache.h): which kept sequence serves a prompt, and, through the
-// engine on the CPU backend, that a request continuing a kept sequence streams the same
-// tokens and log-probabilities, bit for bit, as the same request prefilled whole.
+// engine on the CPU backend, that a request continuing a kept sequence (or the kept copy of a
+// prompt's state before its last token) streams the same tokens and log-probabilities, bit
+// for bit, as the same request prefilled whole.
 #include "inference_svc/engine/prefix_cache.h"
 
 #include <future>
@@ -42,6 +43,11 @@ TEST(PrefixCache, TakesTheLongestProperPrefix) {
   EXPECT_FALSE(c.take({1, 3, 3, 4, 5}).has_value());
   EXPECT_EQ(c.size(), 2u);
   EXPECT_FALSE(c.take({7, 8, 9}).has_value());  // equal, not a proper prefix
+  c.put(entry({4}));
+  ASSERT_EQ(c.size(), 3u);
+  c.reserve(2);  // room for a running sequence and a copy of it
+  EXPECT_EQ(c.size(), 1u);
+  EXPECT_TRUE(c.take({4, 0}).has_value());  // the most recent stayed
 }
 
 TEST(PrefixCache, KeepsOnlyWhatItMayAndDropsTheOldest) {
@@ -149,6 +155,8 @@ class PrefixReuse : public ::testing::Test {
     }
   }
 
+  void second_turn_continues_the_first(size_t kept);
+
   static testing::TempDir* dir_;
   static gguf::Model* file_;
   static model::Model* model_;
@@ -163,7 +171,14 @@ tok::Tokenizer* PrefixReuse::tok_ = nullptr;
 // the contexts are long enough (past the window and the indexer's top-k) for every cache of
 // the kept state to matter.
 TEST_F(PrefixReuse, ASecondTurnContinuesTheFirstBitForBit) {
-  auto e = engine(1);
+  for (size_t kept : {1, 2}) {
+    SCOPED_TRACE(kept);
+    second_turn_continues_the_first(kept);
+  }
+}
+
+void PrefixReuse::second_turn_continues_the_first(size_t kept) {
+  auto e = engine(kept);
   const auto first = tokens("The first question of a long conversation about numbers, letters and rivers");
   const auto a = run(*e, params(first, 20, 11));
   ASSERT_TRUE(a->error.ok()) << a->error;
@@ -198,6 +213,35 @@ TEST_F(PrefixReuse, ADivergingPromptIsPrefilledWhole) {
   expect_same_as_fresh(p, *b);
 }
 
+// DeepSeek's thinking mode renders an earlier reply without its reasoning, so the next turn
+// leaves the kept tokens at the first prompt's last token (<think> then, </think> now): the
+// copy of the state before that token serves it.
+TEST_F(PrefixReuse, AThinkingChatsNextTurnUsesThePromptsCopy) {
+  auto e = engine(2);
+  tok::ChatOptions o;
+  o.thinking = true;
+  std::vector<tok::ChatMessage> chat = {{"user", "What do rivers carry to the sea?", ""}};
+  const auto first = *tok::encode_chat(*tok_, chat, o);
+  const auto a = run(*e, params(first, 12, 51));
+  ASSERT_TRUE(a->error.ok()) << a->error;
+  EXPECT_EQ(a->fin.cached_tokens, 0u);
+  const auto reply = tok_->decode(a->ids, /*skip_special=*/true);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  chat.push_back({"assistant", *reply, "some reasoning"});
+  chat.push_back({"user", "And what does the sea give back?", ""});
+  const GenerateParams next = params(*tok::encode_chat(*tok_, chat, o), 10, 52);
+  ASSERT_TRUE(std::equal(first.begin(), first.end() - 1, next.prompt.begin()));
+  ASSERT_NE(next.prompt[first.size() - 1], first.back());
+  const auto b = run(*e, next);
+  ASSERT_TRUE(b->error.ok()) << b->error;
+  EXPECT_EQ(b->fin.cached_tokens, first.size() - 1);
+  expect_same_as_fresh(next, *b);
+  // With room for one, no copy is kept: the same turn is prefilled whole.
+  auto one = engine(1);
+  ASSERT_TRUE(run(*one, params(first, 12, 51))->error.ok());
+  EXPECT_EQ(run(*one, next)->fin.cached_tokens, 0u);
+}
+
 // A cancelled request's state is whole up to the last token it ran, and is kept.
 TEST_F(PrefixReuse, ACancelledRequestIsKeptUpToWhatItRan) {
   auto e = engine(1);
@@ -212,9 +256,10 @@ TEST_F(PrefixReuse, ACancelledRequestIsKeptUpToWhatItRan) {
   expect_same_as_fresh(p, *b);
 }
 
-// With two kept, two conversations taking turns both continue.
+// With four kept (a prompt's copy and a final state each), two conversations taking turns
+// both continue.
 TEST_F(PrefixReuse, TwoConversationsTakingTurnsBothContinue) {
-  auto e = engine(2);
+  auto e = engine(4);
   const auto x = tokens("Conversation X begins here");
   const auto y = tokens("Conversation Y begins somewhere else entirely");
   const auto ax = run(*e, params(x, 5, 41));
