@@ -123,6 +123,24 @@ bool parse_flags(int argc, char** argv, Flags* f) {
   return !f->model.empty();
 }
 
+dsflash::model::LoadOptions load_options(const Flags& flags) {
+  dsflash::model::LoadOptions o{flags.backend};
+  o.engram_tables = flags.engram_tables;
+  o.prefetch_next_layer = flags.prefetch_next_layer;
+  o.expert_act_q8 = flags.expert_act_q8;
+  return o;
+}
+
+dsflash::engine::EngineOptions engine_options(const Flags& flags) {
+  dsflash::engine::EngineOptions o;
+  o.max_queue = flags.max_queue;
+  o.default_max_new_tokens = flags.max_new_tokens;
+  o.prefill_chunk = flags.prefill_chunk;
+  o.device_sampling = flags.device_sampling;
+  o.prefix_cache = flags.prefix_cache;
+  return o;
+}
+
 std::unique_ptr<grpc::Server> start_server(const Flags& flags, dsflash::api::InferenceService& service) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -286,24 +304,14 @@ int main(int argc, char** argv) {
     client = c->get();
     experts = std::move(*c);
   }
-  model::LoadOptions options{flags.backend};
-  options.engram_tables = flags.engram_tables;
-  options.prefetch_next_layer = flags.prefetch_next_layer;
-  options.expert_act_q8 = flags.expert_act_q8;
-  auto loaded = load(**file, metrics, flags.load_rate_mbps, std::move(experts), options);
+  auto loaded = load(**file, metrics, flags.load_rate_mbps, std::move(experts), load_options(flags));
   if (!loaded.ok()) {
     log::error("%s", std::string(loaded.status().message()));
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     return absl::IsCancelled(loaded.status()) ? 0 : 1;
   }
   Loaded& l = **loaded;
-  engine::EngineOptions opt;
-  opt.max_queue = flags.max_queue;
-  opt.default_max_new_tokens = flags.max_new_tokens;
-  opt.prefill_chunk = flags.prefill_chunk;
-  opt.device_sampling = flags.device_sampling;
-  opt.prefix_cache = flags.prefix_cache;
-  engine::Engine eng(*l.model, *l.tok, &metrics, opt);
+  engine::Engine eng(*l.model, *l.tok, &metrics, engine_options(flags));
   api::Backend backend{&eng, l.tok.get(), &l.model->config(), nullptr};
   if (client) backend.available = [client] { return client->availability(); };
   service.attach(&backend);

@@ -159,7 +159,15 @@ StatusOr<std::shared_ptr<ExpertClient::Session>> ExpertClient::open_session() {
     return from_grpc(st, "opening a session");
   }
   s->info = first.info();
-  const pb::SessionInfo& in = s->info;
+  RETURN_IF_ERROR(check_session(s->info));
+  // The fds: [arena, slot table (read-only), lease table]; no arena fd for a CUDA IPC handle.
+  const size_t n_fds = s->info.arena_mechanism() == "cuda-ipc" ? 2 : 3;
+  ASSIGN_OR_RETURN(std::vector<int> fds, receive_fds(s->info, n_fds));
+  RETURN_IF_ERROR(map_session(*s, fds));
+  return s;
+}
+
+Status ExpertClient::check_session(const pb::SessionInfo& in) const {
   if (in.n_layers() != cfg_.n_layer || in.n_experts() != cfg_.n_expert || in.layers_size() != static_cast<int>(cfg_.n_layer)) {
     return absl::FailedPreconditionError(absl::StrCat("the expert store serves ", in.n_layers(), " layers x ", in.n_experts(),
                                                       " experts; this model has ", cfg_.n_layer, " x ", cfg_.n_expert));
@@ -185,8 +193,10 @@ StatusOr<std::shared_ptr<ExpertClient::Session>> ExpertClient::open_session() {
             : absl::StrCat("the CPU backend reads experts from host memory; the expert store at ", options_.address,
                            " has a ", mech, " arena (start it with --arena host)"));
   }
-  // The fds: [arena, slot table (read-only), lease table]; no arena fd for a CUDA IPC handle.
-  const size_t n_fds = mech == "cuda-ipc" ? 2 : 3;
+  return absl::OkStatus();
+}
+
+StatusOr<std::vector<int>> ExpertClient::receive_fds(const pb::SessionInfo& in, size_t n_fds) {
   ASSIGN_OR_RETURN(const int sock, ipc::connect_unix(in.fd_socket()));
   std::vector<int> fds;
   std::string reply;
@@ -198,40 +208,47 @@ StatusOr<std::shared_ptr<ExpertClient::Session>> ExpertClient::open_session() {
     for (int fd : fds) ::close(fd);
     return absl::UnavailableError(absl::StrCat("fd hand-over on ", in.fd_socket(), " refused: ", reply));
   }
-  // Each fd goes to its owner (the mappings take theirs, also on failure); an early return
-  // closes those not handed over yet.
+  return fds;
+}
+
+// Maps the arena (or imports the device arena), the slot table and the lease table. Each fd
+// goes to its owner (the mappings take theirs, also on failure); an early return closes those
+// not handed over yet.
+Status ExpertClient::map_session(Session& s, std::vector<int>& fds) const {
+  const pb::SessionInfo& in = s.info;
+  const size_t n_fds = fds.size();
   auto take = [&fds](size_t i) { return std::exchange(fds[i], -1); };
   absl::Cleanup close_rest = [&fds] {
     for (int fd : fds) {
       if (fd >= 0) ::close(fd);
     }
   };
-  ASSIGN_OR_RETURN(s->table_mem, ipc::SharedRegion::map(take(n_fds - 2), false));
-  ASSIGN_OR_RETURN(s->lease_mem, ipc::SharedRegion::map(take(n_fds - 1), true));
+  ASSIGN_OR_RETURN(s.table_mem, ipc::SharedRegion::map(take(n_fds - 2), false));
+  ASSIGN_OR_RETURN(s.lease_mem, ipc::SharedRegion::map(take(n_fds - 1), true));
   const uint64_t slots_bytes = uint64_t{in.n_slots()} * in.slot_bytes();
-  if (device) {
-    auto mapped = expertstore::DeviceArenaMapping::import(mech, n_fds == 3 ? take(0) : -1, in.cuda_ipc_handle(),
-                                                          in.arena_bytes(), options_.device);
+  if (options_.device_arena) {
+    auto mapped = expertstore::DeviceArenaMapping::import(in.arena_mechanism(), n_fds == 3 ? take(0) : -1,
+                                                          in.cuda_ipc_handle(), in.arena_bytes(), options_.device);
     if (!mapped.ok()) {
       return absl::Status(mapped.status().code(), absl::StrCat("importing the expert store's device arena: ",
                                                                mapped.status().message()));
     }
-    s->device_arena = std::move(*mapped);
-    if (s->device_arena->bytes() < slots_bytes) return absl::FailedPreconditionError("the expert arena is smaller than its slots");
+    s.device_arena = std::move(*mapped);
+    if (s.device_arena->bytes() < slots_bytes) return absl::FailedPreconditionError("the expert arena is smaller than its slots");
   } else {
-    ASSIGN_OR_RETURN(s->arena, ipc::SharedRegion::map(take(0), false));
-    if (s->arena.size() < in.arena_bytes() || slots_bytes > s->arena.size()) {
+    ASSIGN_OR_RETURN(s.arena, ipc::SharedRegion::map(take(0), false));
+    if (s.arena.size() < in.arena_bytes() || slots_bytes > s.arena.size()) {
       return absl::FailedPreconditionError("the expert arena is smaller than its slots");
     }
   }
-  ASSIGN_OR_RETURN(s->table, expertstore::SlotTable::attach(s->table_mem.data(), s->table_mem.size(), s->lease_mem.data(),
-                                                            s->lease_mem.size()));
-  const auto& h = s->table.header();
+  ASSIGN_OR_RETURN(s.table, expertstore::SlotTable::attach(s.table_mem.data(), s.table_mem.size(), s.lease_mem.data(),
+                                                           s.lease_mem.size()));
+  const auto& h = s.table.header();
   if (h.n_slots != in.n_slots() || h.slot_bytes != in.slot_bytes() || h.n_layers != in.n_layers() ||
       h.n_experts != in.n_experts() || in.lease_row() >= expertstore::kSessions) {
     return absl::FailedPreconditionError("the slot table disagrees with the session description");
   }
-  return s;
+  return absl::OkStatus();
 }
 
 model::ExpertWeights ExpertClient::view(const Session& s, int layer, uint32_t slot) const {

@@ -27,6 +27,9 @@
 namespace grpc {
 class ClientContext;
 }
+namespace dsflash::v1 {
+class SessionInfo;
+}
 
 namespace dsflash::expertclient {
 
@@ -80,6 +83,11 @@ class ExpertClient final : public model::ExpertSource {
   struct Session;
   void run();
   StatusOr<std::shared_ptr<Session>> open_session();
+  // open_session's steps: the store's description against this model and backend, the fds
+  // handed over on its socket, and their mappings.
+  Status check_session(const dsflash::v1::SessionInfo& in) const;
+  static StatusOr<std::vector<int>> receive_fds(const dsflash::v1::SessionInfo& in, size_t n_fds);
+  Status map_session(Session& s, std::vector<int>& fds) const;
   std::shared_ptr<Session> current() const;
   model::ExpertWeights view(const Session& s, int layer, uint32_t slot) const;
 
