@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/host/host.h"
 #include "common/log.h"
 #include "expertstore_svc/service.h"
 #include "prometheus/exposer.h"
@@ -53,24 +54,6 @@ struct Flags {
   dsflash::expertstore::StoreOptions store;
 };
 
-bool parse_size(const std::string& v, uint64_t* out) {
-  if (v.empty()) return false;
-  uint64_t mul = 1;
-  std::string n = v;
-  switch (v.back()) {
-    case 'K': case 'k': mul = 1ull << 10; break;
-    case 'M': case 'm': mul = 1ull << 20; break;
-    case 'G': case 'g': mul = 1ull << 30; break;
-    case 'T': case 't': mul = 1ull << 40; break;
-    default: break;
-  }
-  if (mul != 1) n.pop_back();
-  double x = 0;
-  if (!absl::SimpleAtod(n, &x) || x <= 0) return false;
-  *out = static_cast<uint64_t>(x * static_cast<double>(mul));
-  return true;
-}
-
 bool parse_bool(const std::string& v, bool* out) {
   if (v == "true" || v == "1") return *out = true, true;
   if (v == "false" || v == "0") return *out = false, true;
@@ -100,8 +83,8 @@ int parse_flags(int argc, char** argv, Flags* f) {
     else if (a == "--listen") f->listen = v;
     else if (a == "--fd-socket") f->fd_socket = v;
     else if (a == "--metrics") f->metrics = v;
-    else if (a == "--budget") ok = ok && parse_size(v, &f->store.budget_bytes);
-    else if (a == "--host-cache") ok = ok && parse_size(v, &f->store.host_cache_bytes);
+    else if (a == "--budget") ok = ok && dsflash::host::parse_size(v, &f->store.budget_bytes);
+    else if (a == "--host-cache") ok = ok && dsflash::host::parse_size(v, &f->store.host_cache_bytes);
     else if (a == "--reader-threads") ok = ok && absl::SimpleAtoi(v, &f->store.reader_threads) && f->store.reader_threads > 0;
     else if (a == "--staging-buffers") ok = ok && absl::SimpleAtoi(v, &f->store.staging_buffers) && f->store.staging_buffers >= 0;
     else if (a == "--pin-staging") ok = ok && parse_bool(v, &f->store.pin_staging);

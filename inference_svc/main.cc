@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/gguf/gguf.h"
+#include "common/host/host.h"
 #include "common/log.h"
 #include "inference_svc/api/service.h"
 #include "inference_svc/expert_client/expert_client.h"
@@ -53,7 +54,10 @@ constexpr const char* kUsage =
     "                          drawn on the host) or always on the host\n"
     "  --prefix-cache N        sequences kept after their requests (default 2, 0 = off): a prompt that\n"
     "                          continues one (the next turn of a chat) is prefilled only past it; with\n"
-    "                          N >= 2 on the CPU backend, also the prompt's state before its last token\n";
+    "                          N >= 2 on the CPU backend, also the prompt's state before its last token\n"
+    "  --min-mem-available SIZE  host memory floor, e.g. 4G (default 0 = off): a request about to start\n"
+    "                          with less MemAvailable (/proc/meminfo; on GB10 the GPU's memory too)\n"
+    "                          frees the kept sequences, then fails RESOURCE_EXHAUSTED\n";
 
 struct Flags {
   std::string model;
@@ -71,6 +75,7 @@ struct Flags {
   bool expert_act_q8 = false;
   bool device_sampling = true;
   size_t prefix_cache = 2;
+  uint64_t min_mem_available = 0;
 };
 
 bool parse_flags(int argc, char** argv, Flags* f) {
@@ -112,9 +117,17 @@ bool parse_flags(int argc, char** argv, Flags* f) {
       continue;
     }
     if (a == "--prefix-cache" && value(&v) && absl::SimpleAtoi(v, &f->prefix_cache) && f->prefix_cache <= 64) continue;
+    if (a == "--min-mem-available" && value(&v) && (v == "0" || dsflash::host::parse_size(v, &f->min_mem_available))) continue;
     if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
     std::fprintf(stderr, "dsflash-inference: bad argument '%s'\n", a.c_str());
     return false;
+  }
+  if (f->min_mem_available > 0) {
+    if (auto m = dsflash::host::read_meminfo(); !m.ok()) {
+      std::fprintf(stderr, "dsflash-inference: --min-mem-available needs the host's memory figures: %s\n",
+                   std::string(m.status().message()).c_str());
+      return false;
+    }
   }
   if (f->expert_act_q8 && f->backend != dsflash::kernels::Backend::kCuda) {
     std::fprintf(stderr, "dsflash-inference: --expert-activations q8 needs --backend cuda\n");
@@ -138,6 +151,7 @@ dsflash::engine::EngineOptions engine_options(const Flags& flags) {
   o.prefill_chunk = flags.prefill_chunk;
   o.device_sampling = flags.device_sampling;
   o.prefix_cache = flags.prefix_cache;
+  o.min_mem_available = flags.min_mem_available;
   return o;
 }
 
@@ -220,7 +234,13 @@ dsflash::StatusOr<std::unique_ptr<dsflash::expertclient::ExpertClient>> connect_
 void serve_until_signal(const Flags& flags, dsflash::engine::Engine& eng, dsflash::expertclient::ExpertClient* client,
                         grpc::HealthCheckServiceInterface& health, dsflash::engine::Metrics& metrics) {
   bool ready = false;
-  while (g_signal == 0) {
+  for (int tick = 0; g_signal == 0; ++tick) {
+    if (tick % 20 == 0) {  // host memory gauges, once a second
+      if (auto m = dsflash::host::read_meminfo(); m.ok()) {
+        metrics.host_mem_total->Set(static_cast<double>(m->total));
+        metrics.host_mem_available->Set(static_cast<double>(m->available));
+      }
+    }
     const bool up = client == nullptr || client->connected();
     metrics.store_up->Set(up ? 1 : 0);
     if (up != ready) {

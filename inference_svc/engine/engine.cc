@@ -6,6 +6,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/host/host.h"
 #include "common/log.h"
 #include "inference_svc/engine/stop_matcher.h"
 
@@ -31,7 +32,13 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 Engine::Engine(const model::Model& model, const tok::Tokenizer& tok, Metrics* metrics, EngineOptions options)
-    : model_(model), tok_(tok), metrics_(metrics), opt_(options), cache_(options.prefix_cache) {
+    : model_(model), tok_(tok), metrics_(metrics), opt_(std::move(options)), cache_(opt_.prefix_cache) {
+  if (!opt_.mem_available) {
+    opt_.mem_available = []() -> StatusOr<uint64_t> {
+      ASSIGN_OR_RETURN(const host::MemInfo m, host::read_meminfo());
+      return m.available;
+    };
+  }
   if (metrics_) metrics_->queue_capacity->Set(static_cast<double>(opt_.max_queue));
   thread_ = std::thread([this] { loop(); });
 }
@@ -248,6 +255,28 @@ class Output {
 
 }  // namespace
 
+Status Engine::check_memory() {
+  if (opt_.min_mem_available == 0) return absl::OkStatus();
+  StatusOr<uint64_t> avail = opt_.mem_available();
+  if (avail.ok() && *avail < opt_.min_mem_available && cache_.size() > 0) {
+    log::warn("host memory: %.0f MiB available, below the floor of %.0f MiB: freeing %zu kept sequence(s)",
+              *avail / 1048576.0, opt_.min_mem_available / 1048576.0, cache_.size());
+    while (cache_.drop_oldest()) {
+    }
+    if (metrics_) metrics_->prefix_cache_tokens->Set(0);
+    avail = opt_.mem_available();
+  }
+  if (!avail.ok()) {
+    return absl::Status(avail.status().code(),
+                        absl::StrCat("checking the host memory floor: ", avail.status().message()));
+  }
+  if (*avail >= opt_.min_mem_available) return absl::OkStatus();
+  if (metrics_) metrics_->rejected("memory");
+  return absl::ResourceExhaustedError(absl::StrCat("host memory: ", *avail >> 20, " MiB available, below the floor of ",
+                                                   opt_.min_mem_available >> 20,
+                                                   " MiB (--min-mem-available); retry later"));
+}
+
 StatusOr<PrefixCache::Entry> Engine::sequence_for(const std::vector<int32_t>& prompt) {
   std::optional<PrefixCache::Entry> hit = cache_.take(prompt);
   if (metrics_ && cache_.capacity() > 0) metrics_->prefix_lookup(hit.has_value())->Increment();
@@ -339,6 +368,7 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
     metrics_->prompt_tokens->Increment(static_cast<double>(p.prompt.size()));
     metrics_->prompt_tokens_hist->Observe(static_cast<double>(p.prompt.size()));
   }
+  RETURN_IF_ERROR(check_memory());
   ASSIGN_OR_RETURN(PrefixCache::Entry state, sequence_for(p.prompt));
   fin.cached_tokens = static_cast<uint32_t>(state.tokens.size());
   if (metrics_) metrics_->prompt_tokens_cached->Increment(fin.cached_tokens);

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -102,6 +103,12 @@ struct EngineOptions {
   // part was computed by decode steps, whose GEMVs round differently from the prefill's GEMMs
   // (within the golden bounds either way).
   size_t prefix_cache = 2;
+  // Host memory floor (spec/serving.md §6.6; on GB10 the GPU allocates from the same memory):
+  // a request about to start with MemAvailable below it first frees the kept sequences, then,
+  // still below, fails with RESOURCE_EXHAUSTED instead of growing toward the OOM killer. 0: off.
+  uint64_t min_mem_available = 0;
+  // Where MemAvailable comes from: /proc/meminfo unless set (tests set it).
+  std::function<StatusOr<uint64_t>()> mem_available;
 };
 
 class Engine {
@@ -135,6 +142,8 @@ class Engine {
   Status generate(Job& job, FinalEvent& fin);
   // The state a request runs on: a kept sequence whose tokens begin its prompt, else a new one.
   StatusOr<PrefixCache::Entry> sequence_for(const std::vector<int32_t>& prompt);
+  // The memory floor's check (EngineOptions::min_mem_available) before a request starts.
+  Status check_memory();
 
   const model::Model& model_;
   const tok::Tokenizer& tok_;

@@ -27,7 +27,7 @@ Metrics::Metrics(const std::string& model_name, const std::string& backend) : re
   finished_ = &prometheus::BuildCounter().Name("llm_request_finished_total").Help("Generations by finish reason").Register(r);
   rejections_ = &prometheus::BuildCounter().Name("llm_admission_rejections_total").Help("Requests refused at admission").Register(r);
   // Series that alerts and dashboards rate() exist from start-up, at 0.
-  for (const char* reason : {"queue_full", "draining"}) rejections_->Add({{"reason", reason}});
+  for (const char* reason : {"queue_full", "draining", "memory"}) rejections_->Add({{"reason", reason}});
   for (const char* reason : {"length", "eos", "stop_sequence", "stop_token"}) finished_->Add({{"reason", reason}});
   running = gauge(r, "llm_num_requests_running", "Requests being generated");
   waiting = gauge(r, "llm_num_requests_waiting", "Requests in the admission queue");
@@ -61,6 +61,8 @@ Metrics::Metrics(const std::string& model_name, const std::string& backend) : re
   prefix_cache_tokens = gauge(r, "llm_prefix_cache_tokens", "Tokens held by the sequences kept for prefix reuse");
   generation_tokens =
       &prometheus::BuildCounter().Name("llm_generation_tokens_total").Help("Tokens generated").Register(r).Add({});
+  host_mem_total = gauge(r, "llm_host_mem_total_bytes", "MemTotal of /proc/meminfo (on GB10 shared by CPU and GPU)");
+  host_mem_available = gauge(r, "llm_host_mem_available_bytes", "MemAvailable of /proc/meminfo (on GB10 shared by CPU and GPU)");
   store_up = gauge(r, "llm_expert_store_up", "1 while routed experts are reachable (store session up, or in-process)");
   store_up->Set(1);
   auto& fetch = prometheus::BuildHistogram()

@@ -42,6 +42,7 @@ class Metrics {
   prometheus::Counter* prompt_tokens_cached;
   prometheus::Counter* prefix_lookup(bool hit) { return hit ? prefix_hit_ : prefix_miss_; }
   prometheus::Gauge* prefix_cache_tokens;
+  prometheus::Gauge *host_mem_total, *host_mem_available;  // /proc/meminfo, refreshed by the server
   prometheus::Gauge* store_up;  // 1 while the expert store session is up (or experts are in-process)
   prometheus::Histogram* expert_fetch(bool hit) { return hit ? expert_hit_ : expert_miss_; }
 

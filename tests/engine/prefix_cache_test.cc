@@ -5,6 +5,7 @@
 #include "inference_svc/engine/prefix_cache.h"
 
 #include <future>
+#include <mutex>
 
 #include "common/gguf/gguf.h"
 #include "gtest/gtest.h"
@@ -109,8 +110,7 @@ class PrefixReuse : public ::testing::Test {
     delete dir_;
   }
 
-  static std::unique_ptr<Engine> engine(size_t kept) {
-    EngineOptions o;
+  static std::unique_ptr<Engine> engine(size_t kept, EngineOptions o = {}) {
     o.prefix_cache = kept;
     o.prefill_chunk = 7;  // chunks that straddle the kept prefix's end
     return std::make_unique<Engine>(*model_, *tok_, nullptr, o);
@@ -269,6 +269,57 @@ TEST_F(PrefixReuse, TwoConversationsTakingTurnsBothContinue) {
   const auto by = run(*e, params(cat(cat(y, ay->ids), tokens(" more")), 5, 44));
   EXPECT_EQ(bx->fin.cached_tokens, x.size() + 4);
   EXPECT_EQ(by->fin.cached_tokens, y.size() + 4);
+}
+
+// The host memory floor (EngineOptions::min_mem_available), with MemAvailable given by the
+// test: below it, the kept sequences go first; still below, the request fails naming it.
+TEST_F(PrefixReuse, TheMemoryFloorFreesKeptSequencesThenRefuses) {
+  std::mutex mu;
+  std::vector<uint64_t> readings;  // what the next probes return, in order
+  int probes = 0;
+  EngineOptions o;
+  o.min_mem_available = 4ull << 30;
+  o.mem_available = [&]() -> StatusOr<uint64_t> {
+    std::lock_guard<std::mutex> l(mu);
+    const uint64_t v = readings.at(static_cast<size_t>(probes++));
+    return v;
+  };
+  auto feed = [&](std::initializer_list<uint64_t> v) {
+    std::lock_guard<std::mutex> l(mu);
+    readings.insert(readings.end(), v);
+  };
+  auto e = engine(2, o);
+  const auto first = tokens("Memory is shared by the CPU and the GPU on this machine");
+  feed({8ull << 30});
+  const auto a = run(*e, params(first, 6, 61));
+  ASSERT_TRUE(a->error.ok()) << a->error;
+  const GenerateParams next = params(cat(cat(first, a->ids), tokens(" again")), 4, 62);
+  // Short, and still short once the kept sequences are freed: refused, naming the floor.
+  feed({1ull << 30, 1ull << 30});
+  const auto refused = run(*e, next);
+  EXPECT_EQ(refused->error.code(), absl::StatusCode::kResourceExhausted) << refused->error;
+  EXPECT_NE(refused->error.message().find("--min-mem-available"), std::string::npos) << refused->error;
+  EXPECT_EQ(probes, 3);
+  // Enough again: it runs, prefilled whole (nothing was kept).
+  feed({8ull << 30});
+  const auto after = run(*e, next);
+  ASSERT_TRUE(after->error.ok()) << after->error;
+  EXPECT_EQ(after->fin.cached_tokens, 0u);
+  // Short until the kept sequences are freed: it runs, without them.
+  const GenerateParams third = params(cat(cat(next.prompt, after->ids), tokens(" more")), 4, 63);
+  feed({1ull << 30, 8ull << 30});
+  const auto freed = run(*e, third);
+  ASSERT_TRUE(freed->error.ok()) << freed->error;
+  EXPECT_EQ(freed->fin.cached_tokens, 0u);
+  EXPECT_EQ(probes, 6);
+  // A MemAvailable that cannot be read fails the request with the reason.
+  EngineOptions broken;
+  broken.min_mem_available = 1;
+  broken.mem_available = []() -> StatusOr<uint64_t> { return absl::NotFoundError("cannot read /proc/meminfo"); };
+  auto e3 = engine(2, broken);
+  const auto r = run(*e3, params(first, 2, 64));
+  EXPECT_EQ(r->error.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(r->error.message().find("memory floor"), std::string::npos) << r->error;
 }
 
 }  // namespace

@@ -283,6 +283,25 @@ TEST_F(Service, NextTurnReusesTheKeptPrefix) {
   EXPECT_GE(metric_value(m, "llm_prefix_cache_tokens"), 7.0 + 12 + 3 + 12 - 1);
 }
 
+// A host memory floor above what this machine has: requests are refused with
+// RESOURCE_EXHAUSTED naming the floor, never run; the memory gauges show the real figures.
+TEST(ServiceMemory, AFloorAboveMemAvailableRefusesRequests) {
+  ServerProcess server({"--min-mem-available", "64T"});
+  ASSERT_TRUE(server.ready()) << server.log();
+  const auto r = run_stream(server.stub(), greedy("Hello", 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(r.status.error_message().find("--min-mem-available"), std::string::npos) << r.status.error_message();
+  EXPECT_TRUE(r.ids().empty());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (metric_value(server.metrics(), "llm_host_mem_total_bytes") <= 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::string m = server.metrics();
+  EXPECT_GT(metric_value(m, "llm_host_mem_total_bytes"), 0.0);
+  EXPECT_GT(metric_value(m, "llm_host_mem_available_bytes"), 0.0);
+  EXPECT_NE(m.find("llm_admission_rejections_total{reason=\"memory\"} 1"), std::string::npos);
+}
+
 TEST_F(Service, ReflectionListsTheServices) {
   auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(server_->channel());
   grpc::ClientContext ctx;
