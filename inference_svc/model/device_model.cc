@@ -274,6 +274,28 @@ StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::new_sequence() const {
   return s;
 }
 
+StatusOr<std::shared_ptr<DeviceSequence>> DeviceModel::copy_sequence(const DeviceSequence& src) const {
+  if (src.layers.size() != cfg_.n_layer) return absl::InvalidArgumentError("the sequence is not one of this model's");
+  RETURN_IF_ERROR(kernels::stream_sync(src.ctx));
+  ASSIGN_OR_RETURN(std::shared_ptr<DeviceSequence> s, new_sequence());
+  auto same = [&](DevBuf<float>& dst, const DevBuf<float>& from) -> Status {
+    if (dst.size() != from.size()) return absl::InternalError("a sequence buffer differs in size from its copy");
+    return from.size() == 0 ? absl::OkStatus()
+                            : kernels::copy(s->ctx, Copy::kDeviceToDevice, dst.get(), from.get(), from.size() * sizeof(float));
+  };
+  for (uint32_t l = 0; l < cfg_.n_layer; ++l) {
+    const DeviceLayerState& a = src.layers[l];
+    DeviceLayerState& b = s->layers[l];
+    RETURN_IF_ERROR(same(b.ring, a.ring));
+    RETURN_IF_ERROR(same(b.kv_state, a.kv_state));
+    RETURN_IF_ERROR(same(b.score_state, a.score_state));
+    RETURN_IF_ERROR(b.comp_kv.append(s->ctx, a.comp_kv.buf.get(), a.comp_kv.rows));
+    RETURN_IF_ERROR(b.index_k.append(s->ctx, a.index_k.buf.get(), a.index_k.rows));
+  }
+  RETURN_IF_ERROR(kernels::stream_sync(s->ctx));
+  return s;
+}
+
 Status DeviceModel::forward(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceOut& out) const {
   const int64_t S = static_cast<int64_t>(tokens.size());
   if (graph_eligible(seq, S)) return graph_step(seq, tokens[0], out);

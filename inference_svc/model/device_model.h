@@ -217,6 +217,9 @@ class DeviceModel {
   ~DeviceModel();
 
   StatusOr<std::shared_ptr<DeviceSequence>> new_sequence() const;
+  // A new sequence holding a copy of `src`'s caches (its graphs are captured afresh); `src`
+  // is left as it was. Both streams are synchronised, so either may go on at once.
+  StatusOr<std::shared_ptr<DeviceSequence>> copy_sequence(const DeviceSequence& src) const;
   // As Model::forward after its checks (seq.engram_ids already holds this call's ids).
   Status forward(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceOut& out) const;
   // Milliseconds per phase summed over the forwards run while profiling was on (each phase then

@@ -2,6 +2,9 @@
 // delayed-pre hyper-connections (spec §2.1-2.2), the final collapse and the head (§2.10).
 #include "inference_svc/model/model.h"
 
+#include <cstdlib>
+#include <string_view>
+
 #include "absl/strings/str_cat.h"
 #include "common/quant/numeric.h"
 #include "inference_svc/model/call.h"
@@ -98,14 +101,22 @@ std::unique_ptr<Sequence> Model::new_sequence() const {
   return s;
 }
 
+bool Model::copies_sequences() const {
+  if (device_ == nullptr) return true;
+  const char* e = std::getenv("DSF_DEVICE_SEQUENCE_COPY");
+  return e != nullptr && std::string_view(e) == "1";
+}
+
 StatusOr<std::unique_ptr<Sequence>> Model::copy_sequence(const Sequence& seq) const {
-  if (!copies_sequences()) {
-    return absl::UnimplementedError("copying a sequence's device state is not implemented on the CUDA backend");
+  if ((device_ != nullptr) != (seq.device != nullptr) || (device_ == nullptr && seq.layers.size() != cfg_.n_layer)) {
+    return absl::InvalidArgumentError("the sequence is not one of this model's");
   }
-  if (seq.device != nullptr || seq.layers.size() != cfg_.n_layer) {
-    return absl::InvalidArgumentError("the sequence is not one of this model's (CPU backend)");
-  }
-  return std::make_unique<Sequence>(seq);
+  if (device_ == nullptr) return std::make_unique<Sequence>(seq);
+  auto s = std::make_unique<Sequence>();
+  s->n_past = seq.n_past;
+  s->engram_ids = seq.engram_ids;
+  ASSIGN_OR_RETURN(s->device, device_->copy_sequence(*seq.device));
+  return s;
 }
 
 void Model::embed(const std::vector<int32_t>& tokens, std::vector<float>& h) const {

@@ -145,6 +145,35 @@ TEST_F(GoldenCuda, DecodeAndChunksMatchPrefill) {
   }
 }
 
+// A copy of a sequence (Model::copy_sequence: prefix reuse keeps a prompt's state before its
+// last token this way) goes on as the original does: the same logits bit for bit at every
+// step, from graph replays and eager steps, copied after a prefill and after decode steps
+// (caches reserved past their rows by the graphs), each stepped before the original so that a
+// shared buffer would show. Until this passes on a GPU the engine copies device sequences
+// only with DSF_DEVICE_SEQUENCE_COPY=1 (Model::copies_sequences).
+TEST_F(GoldenCuda, CopiedSequenceGoesOnAsTheOriginal) {
+  const Golden& g = Golden::get();
+  const auto tokens = g.ints("prompt.len41.tokens");
+  for (const bool graphs : {true, false}) {
+    gpu_->set_decode_graphs(graphs);
+    for (const size_t at : {size_t{17}, size_t{29}}) {
+      auto a = gpu_->new_sequence();
+      std::vector<float> la, lb;
+      ASSERT_TRUE(gpu_->forward(*a, std::vector<int32_t>(tokens.begin(), tokens.begin() + 17), false, &la).ok());
+      for (size_t i = 17; i < at; ++i) ASSERT_TRUE(gpu_->forward(*a, {tokens[i]}, false, &la).ok());
+      auto b = gpu_->copy_sequence(*a);
+      ASSERT_TRUE(b.ok()) << b.status();
+      ASSERT_EQ((*b)->n_past, static_cast<int64_t>(at));
+      for (size_t i = at; i < tokens.size(); ++i) {
+        ASSERT_TRUE(gpu_->forward(**b, {tokens[i]}, false, &lb).ok());
+        ASSERT_TRUE(gpu_->forward(*a, {tokens[i]}, false, &la).ok());
+        ASSERT_EQ(la, lb) << "copied at " << at << ", position " << i << (graphs ? " (graphs)" : " (eager)");
+      }
+    }
+  }
+  gpu_->set_decode_graphs(true);
+}
+
 TEST_F(GoldenCuda, RefusesWhatItCannotDo) {
   auto seq = gpu_->new_sequence();
   std::vector<float> logits;
