@@ -54,5 +54,45 @@ TEST(ServiceCuda, DeviceDrawsMatchHostDraws) {
   }
 }
 
+// Prefix reuse on the CUDA backend (engine/prefix_cache.h): a chat's next turn continues the
+// kept sequence (usage.cached_tokens), and with DSF_DEVICE_SEQUENCE_COPY=1 a thinking-style
+// turn, which leaves the kept tokens at the first prompt's last token, continues the copy of
+// the state before it. The kept part was computed by decode steps (GEMVs) where a fresh server
+// prefills it (GEMMs), so only the first token is held equal to the fresh server's.
+TEST(ServiceCuda, PrefixReuseContinuesKeptSequences) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  setenv("DSF_DEVICE_SEQUENCE_COPY", "1", 1);
+  ServerProcess kept({"--backend", "cuda"});
+  ServerProcess fresh({"--backend", "cuda", "--prefix-cache", "0"});
+  unsetenv("DSF_DEVICE_SEQUENCE_COPY");
+  ASSERT_TRUE(kept.ready()) << kept.log();
+  ASSERT_TRUE(fresh.ready()) << fresh.log();
+  GenerateRequest first = request(0.0f, 0, 1.0f, 0.0f, 7);
+  first.clear_prompt();
+  for (uint32_t id : {9u, 301u, 77u, 5u, 140u, 222u, 18u, 64u}) first.mutable_prompt_token_ids()->add_ids(id);
+  const auto a = run_stream(kept.stub(), first);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  // The next turn: the first prompt, its reply, more.
+  GenerateRequest next = first;
+  for (uint32_t id : a.ids()) next.mutable_prompt_token_ids()->add_ids(id);
+  for (uint32_t id : {61u, 62u, 63u}) next.mutable_prompt_token_ids()->add_ids(id);
+  const auto b = run_stream(kept.stub(), next);
+  const auto want = run_stream(fresh.stub(), next);
+  ASSERT_TRUE(b.status.ok() && want.status.ok()) << b.status.error_message() << want.status.error_message();
+  EXPECT_EQ(b.events.back().final().usage().cached_tokens(), 8u + a.ids().size() - 1);
+  ASSERT_FALSE(b.ids().empty());
+  EXPECT_EQ(b.ids()[0], want.ids()[0]);
+  // A turn that leaves the kept tokens at the previous prompt's last token.
+  GenerateRequest edited = next;
+  const int last = next.prompt_token_ids().ids_size() - 1;
+  edited.mutable_prompt_token_ids()->set_ids(last, next.prompt_token_ids().ids(last) == 70u ? 71u : 70u);
+  edited.mutable_prompt_token_ids()->add_ids(90u);
+  const auto c = run_stream(kept.stub(), edited);
+  const auto want_c = run_stream(fresh.stub(), edited);
+  ASSERT_TRUE(c.status.ok() && want_c.status.ok());
+  EXPECT_EQ(c.events.back().final().usage().cached_tokens(), static_cast<uint32_t>(last));
+  EXPECT_EQ(c.ids()[0], want_c.ids()[0]);
+}
+
 }  // namespace
 }  // namespace dsflash::testing
