@@ -54,7 +54,7 @@ constexpr const char* kUsage =
     "                          drawn on the host) or always on the host\n"
     "  --prefix-cache N        sequences kept after their requests (default 2, 0 = off): a prompt that\n"
     "                          continues one (the next turn of a chat) is prefilled only past it; with\n"
-    "                          N >= 2 on the CPU backend, also the prompt's state before its last token\n"
+    "                          N >= 2, also a copy of the prompt's state before its last token\n"
     "  --min-mem-available SIZE  host memory floor, e.g. 4G (default 0 = off): a request about to start\n"
     "                          with less MemAvailable (/proc/meminfo; on GB10 the GPU's memory too)\n"
     "                          frees the kept sequences, then fails RESOURCE_EXHAUSTED\n";

@@ -353,7 +353,7 @@ struct Engine::Run {
 // Chunked prefill of what a kept sequence does not already hold, then one token per step until
 // a stop condition; cancellation, deadline and shutdown are checked before every model call.
 // The sequence is kept afterwards (also after a cancellation) unless a model call failed.
-// Where the model copies sequences and two may be kept, the prompt's last token runs alone
+// Where two may be kept, the prompt's last token runs alone
 // after a copy of the state before it is taken: a chat template that renders an earlier reply
 // otherwise than it was generated (DeepSeek's thinking mode drops the reasoning of earlier
 // turns) makes the next turn leave the kept tokens right after that point.
@@ -374,7 +374,7 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
   if (metrics_) metrics_->prompt_tokens_cached->Increment(fin.cached_tokens);
   Run r(*this, job, std::move(state));
   absl::Cleanup keep = [&r] { r.keep(); };
-  const bool copy = cache_.capacity() >= 2 && model_.copies_sequences() && p.prompt.size() >= fin.cached_tokens + 2;
+  const bool copy = cache_.capacity() >= 2 && p.prompt.size() >= fin.cached_tokens + 2;
   const size_t split = copy ? p.prompt.size() - 1 : p.prompt.size();
   RETURN_IF_ERROR(r.prefill(fin.cached_tokens, split));
   if (copy) r.copy_state();

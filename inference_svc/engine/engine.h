@@ -95,9 +95,8 @@ struct EngineOptions {
   // for logprobs, which need the logits on the host. Off: every draw on the host (measurement).
   bool device_sampling = true;
   // Sequences kept after their requests for prefix reuse (prefix_cache.h): a prompt that
-  // continues a kept sequence's tokens is prefilled from where they end. With room for two and
-  // a model that copies sequences (Model::copies_sequences), a copy of the state before the prompt's last
-  // token is kept too (the next turn of a chat whose template drops earlier reasoning leaves
+  // continues a kept sequence's tokens is prefilled from where they end. With room for two, a
+  // copy of the state before the prompt's last token is kept too (the next turn of a chat whose template drops earlier reasoning leaves
   // the reply's tokens right there). 0: none kept. On the
   // CPU backend the logits equal a whole prefill's bit for bit; on the CUDA backend the kept
   // part was computed by decode steps, whose GEMVs round differently from the prefill's GEMMs

@@ -2,9 +2,6 @@
 // delayed-pre hyper-connections (spec §2.1-2.2), the final collapse and the head (§2.10).
 #include "inference_svc/model/model.h"
 
-#include <cstdlib>
-#include <string_view>
-
 #include "absl/strings/str_cat.h"
 #include "common/quant/numeric.h"
 #include "inference_svc/model/call.h"
@@ -99,12 +96,6 @@ std::unique_ptr<Sequence> Model::new_sequence() const {
     }
   }
   return s;
-}
-
-bool Model::copies_sequences() const {
-  if (device_ == nullptr) return true;
-  const char* e = std::getenv("DSF_DEVICE_SEQUENCE_COPY");
-  return e != nullptr && std::string_view(e) == "1";
 }
 
 StatusOr<std::unique_ptr<Sequence>> Model::copy_sequence(const Sequence& seq) const {

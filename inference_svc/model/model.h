@@ -158,13 +158,9 @@ class Model {
   int64_t decode_graph_replays() const;
   // A fresh sequence (on the CUDA backend its device state; null when that allocation fails).
   std::unique_ptr<Sequence> new_sequence() const;
-  // A copy of `seq` that goes on independently of it (prefix reuse keeps a prompt's state
-  // before its last token this way).
+  // A copy of `seq` that goes on independently of it, on either backend (prefix reuse keeps a
+  // prompt's state before its last token this way).
   StatusOr<std::unique_ptr<Sequence>> copy_sequence(const Sequence& seq) const;
-  // Whether the engine may rely on copy_sequence: the CPU backend; the CUDA backend only with
-  // DSF_DEVICE_SEQUENCE_COPY=1 until GoldenCuda.CopiedSequenceGoesOnAsTheOriginal has passed on
-  // a GPU (copy_sequence itself works on either backend).
-  bool copies_sequences() const;
 
   // Runs `tokens` at positions seq.n_past...: a prefill (seq empty), a further prefill chunk,
   // or one decode token. The reference supports only the first and the last; a chunk does

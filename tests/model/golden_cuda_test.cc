@@ -149,8 +149,7 @@ TEST_F(GoldenCuda, DecodeAndChunksMatchPrefill) {
 // last token this way) goes on as the original does: the same logits bit for bit at every
 // step, from graph replays and eager steps, copied after a prefill and after decode steps
 // (caches reserved past their rows by the graphs), each stepped before the original so that a
-// shared buffer would show. Until this passes on a GPU the engine copies device sequences
-// only with DSF_DEVICE_SEQUENCE_COPY=1 (Model::copies_sequences).
+// shared buffer would show.
 TEST_F(GoldenCuda, CopiedSequenceGoesOnAsTheOriginal) {
   const Golden& g = Golden::get();
   const auto tokens = g.ints("prompt.len41.tokens");

@@ -55,16 +55,13 @@ TEST(ServiceCuda, DeviceDrawsMatchHostDraws) {
 }
 
 // Prefix reuse on the CUDA backend (engine/prefix_cache.h): a chat's next turn continues the
-// kept sequence (usage.cached_tokens), and with DSF_DEVICE_SEQUENCE_COPY=1 a thinking-style
-// turn, which leaves the kept tokens at the first prompt's last token, continues the copy of
+// kept sequence (usage.cached_tokens), and a thinking-style turn, which leaves the kept tokens at the first prompt's last token, continues the copy of
 // the state before it. The kept part was computed by decode steps (GEMVs) where a fresh server
 // prefills it (GEMMs), so only the first token is held equal to the fresh server's.
 TEST(ServiceCuda, PrefixReuseContinuesKeptSequences) {
   if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA device";
-  setenv("DSF_DEVICE_SEQUENCE_COPY", "1", 1);
   ServerProcess kept({"--backend", "cuda"});
   ServerProcess fresh({"--backend", "cuda", "--prefix-cache", "0"});
-  unsetenv("DSF_DEVICE_SEQUENCE_COPY");
   ASSERT_TRUE(kept.ready()) << kept.log();
   ASSERT_TRUE(fresh.ready()) << fresh.log();
   GenerateRequest first = request(0.0f, 0, 1.0f, 0.0f, 7);
