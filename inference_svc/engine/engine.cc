@@ -261,8 +261,7 @@ Status Engine::check_memory() {
   if (avail.ok() && *avail < opt_.min_mem_available && cache_.size() > 0) {
     log::warn("host memory: %.0f MiB available, below the floor of %.0f MiB: freeing %zu kept sequence(s)",
               *avail / 1048576.0, opt_.min_mem_available / 1048576.0, cache_.size());
-    while (cache_.drop_oldest()) {
-    }
+    cache_.clear();
     if (metrics_) metrics_->prefix_cache_tokens->Set(0);
     avail = opt_.mem_available();
   }

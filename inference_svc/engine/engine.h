@@ -96,11 +96,11 @@ struct EngineOptions {
   bool device_sampling = true;
   // Sequences kept after their requests for prefix reuse (prefix_cache.h): a prompt that
   // continues a kept sequence's tokens is prefilled from where they end. With room for two, a
-  // copy of the state before the prompt's last token is kept too (the next turn of a chat whose template drops earlier reasoning leaves
-  // the reply's tokens right there). 0: none kept. On the
-  // CPU backend the logits equal a whole prefill's bit for bit; on the CUDA backend the kept
-  // part was computed by decode steps, whose GEMVs round differently from the prefill's GEMMs
-  // (within the golden bounds either way).
+  // copy of the state before the prompt's last token is kept too (the next turn of a chat
+  // whose template drops earlier reasoning leaves the reply's tokens right there). 0: none
+  // kept. On the CPU backend the logits equal a whole prefill's bit for bit; on the CUDA
+  // backend the kept part was computed by decode steps, whose GEMVs round differently from the
+  // prefill's GEMMs (within the golden bounds either way).
   size_t prefix_cache = 2;
   // Host memory floor (spec/serving.md §6.6; on GB10 the GPU allocates from the same memory):
   // a request about to start with MemAvailable below it first frees the kept sequences, then,

@@ -37,6 +37,8 @@ class PrefixCache {
   void reserve(size_t live);
   // Drops the least recently kept entry (to free memory for a new sequence); false if none.
   bool drop_oldest();
+  // Drops every kept entry.
+  void clear() { entries_.clear(); }
 
   size_t capacity() const { return capacity_; }
   size_t size() const { return entries_.size(); }
