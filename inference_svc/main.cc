@@ -53,8 +53,11 @@ constexpr const char* kUsage =
     "  --sampling device|host  cuda: draw tokens on the device (default; requests with logprobs are\n"
     "                          drawn on the host) or always on the host\n"
     "  --prefix-cache N        sequences kept after their requests (default 2, 0 = off): a prompt that\n"
-    "                          continues one (the next turn of a chat) is prefilled only past it; with\n"
-    "                          N >= 2, also a copy of the prompt's state before its last token\n"
+    "                          continues one (the next turn of a chat) is prefilled only past it\n"
+    "  --prefix-copy think|all|none  with --prefix-cache >= 2, which prompts also keep a copy of their\n"
+    "                          state before their last token, which costs a decode step: those ending\n"
+    "                          with <think> (default; thinking mode's next turn), all (a regenerated\n"
+    "                          reply's prompt too) or none\n"
     "  --min-mem-available SIZE  host memory floor, e.g. 4G (default 0 = off): a request about to start\n"
     "                          with less MemAvailable (/proc/meminfo; on GB10 the GPU's memory too)\n"
     "                          frees the kept sequences, then fails RESOURCE_EXHAUSTED\n";
@@ -75,6 +78,7 @@ struct Flags {
   bool expert_act_q8 = false;
   bool device_sampling = true;
   size_t prefix_cache = 2;
+  dsflash::engine::EngineOptions::PrefixCopy prefix_copy = dsflash::engine::EngineOptions::PrefixCopy::kThink;
   uint64_t min_mem_available = 0;
 };
 
@@ -117,6 +121,11 @@ bool parse_flags(int argc, char** argv, Flags* f) {
       continue;
     }
     if (a == "--prefix-cache" && value(&v) && absl::SimpleAtoi(v, &f->prefix_cache) && f->prefix_cache <= 64) continue;
+    if (a == "--prefix-copy" && value(&v) && (v == "think" || v == "all" || v == "none")) {
+      using C = dsflash::engine::EngineOptions::PrefixCopy;
+      f->prefix_copy = v == "think" ? C::kThink : (v == "all" ? C::kAll : C::kNone);
+      continue;
+    }
     if (a == "--min-mem-available" && value(&v) && (v == "0" || dsflash::host::parse_size(v, &f->min_mem_available))) continue;
     if (a == "--load-rate-mbps" && value(&v) && absl::SimpleAtod(v, &f->load_rate_mbps) && f->load_rate_mbps >= 0) continue;
     std::fprintf(stderr, "dsflash-inference: bad argument '%s'\n", a.c_str());
@@ -151,6 +160,7 @@ dsflash::engine::EngineOptions engine_options(const Flags& flags) {
   o.prefill_chunk = flags.prefill_chunk;
   o.device_sampling = flags.device_sampling;
   o.prefix_cache = flags.prefix_cache;
+  o.prefix_copy = flags.prefix_copy;
   o.min_mem_available = flags.min_mem_available;
   return o;
 }

@@ -32,7 +32,12 @@ const char* finish_reason_name(FinishReason r) {
 }
 
 Engine::Engine(const model::Model& model, const tok::Tokenizer& tok, Metrics* metrics, EngineOptions options)
-    : model_(model), tok_(tok), metrics_(metrics), opt_(std::move(options)), cache_(opt_.prefix_cache) {
+    : model_(model),
+      tok_(tok),
+      metrics_(metrics),
+      opt_(std::move(options)),
+      think_(tok.find(tok::kTokThink)),
+      cache_(opt_.prefix_cache) {
   if (!opt_.mem_available) {
     opt_.mem_available = []() -> StatusOr<uint64_t> {
       ASSIGN_OR_RETURN(const host::MemInfo m, host::read_meminfo());
@@ -287,6 +292,21 @@ StatusOr<PrefixCache::Entry> Engine::sequence_for(const std::vector<int32_t>& pr
   return e;
 }
 
+bool Engine::keeps_copy(const std::vector<int32_t>& prompt) const {
+  // Room for both, and a token before the last. A prompt whose kept state already ends there
+  // (a copy served it) copies that state again, so that it serves the next request in turn.
+  if (cache_.capacity() < 2 || prompt.size() < 2) return false;
+  switch (opt_.prefix_copy) {
+    case EngineOptions::PrefixCopy::kThink:
+      return think_ && prompt.back() == *think_;
+    case EngineOptions::PrefixCopy::kAll:
+      return true;
+    case EngineOptions::PrefixCopy::kNone:
+      return false;
+  }
+  return false;
+}
+
 // One request on its sequence: the model calls (each appends what it ran to the state's
 // tokens; after a failed one the state is unknown and is not kept), the checks before each,
 // and where the next token comes from. On the CUDA backend it is drawn on the device after the
@@ -352,10 +372,8 @@ struct Engine::Run {
 // Chunked prefill of what a kept sequence does not already hold, then one token per step until
 // a stop condition; cancellation, deadline and shutdown are checked before every model call.
 // The sequence is kept afterwards (also after a cancellation) unless a model call failed.
-// Where two may be kept, the prompt's last token runs alone
-// after a copy of the state before it is taken: a chat template that renders an earlier reply
-// otherwise than it was generated (DeepSeek's thinking mode drops the reasoning of earlier
-// turns) makes the next turn leave the kept tokens right after that point.
+// A prompt that keeps a copy (keeps_copy) runs its last token alone, after the copy of the
+// state before it is taken.
 Status Engine::generate(Job& job, FinalEvent& fin) {
   const GenerateParams& p = job.p;
   const auto start = Clock::now();
@@ -373,7 +391,7 @@ Status Engine::generate(Job& job, FinalEvent& fin) {
   if (metrics_) metrics_->prompt_tokens_cached->Increment(fin.cached_tokens);
   Run r(*this, job, std::move(state));
   absl::Cleanup keep = [&r] { r.keep(); };
-  const bool copy = cache_.capacity() >= 2 && p.prompt.size() >= fin.cached_tokens + 2;
+  const bool copy = keeps_copy(p.prompt);
   const size_t split = copy ? p.prompt.size() - 1 : p.prompt.size();
   RETURN_IF_ERROR(r.prefill(fin.cached_tokens, split));
   if (copy) r.copy_state();

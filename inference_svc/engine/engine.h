@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -96,12 +97,20 @@ struct EngineOptions {
   bool device_sampling = true;
   // Sequences kept after their requests for prefix reuse (prefix_cache.h): a prompt that
   // continues a kept sequence's tokens is prefilled from where they end. With room for two, a
-  // copy of the state before the prompt's last token is kept too (the next turn of a chat
-  // whose template drops earlier reasoning leaves the reply's tokens right there). 0: none
+  // prompt may also keep a copy of its state before its last token (prefix_copy). 0: none
   // kept. On the CPU backend the logits equal a whole prefill's bit for bit; on the CUDA
   // backend the kept part was computed by decode steps, whose GEMVs round differently from the
   // prefill's GEMMs (within the golden bounds either way).
   size_t prefix_cache = 2;
+  // Which prompts keep that copy. Taking it runs the prompt's last token alone (a pass over the
+  // weights of its own, a decode step's time) and copies the caches; it serves a next turn
+  // that leaves the kept tokens at that last token, and a request for the same prompt again.
+  // kThink: prompts ending with <think>, thinking mode's generation prompt (its chat format
+  // renders an earlier reply without its reasoning, </think>answer where <think> stood, so the
+  // next turn leaves the kept tokens right there). kAll: every prompt (also a regenerated
+  // reply's prompt). kNone: no copies.
+  enum class PrefixCopy { kThink, kAll, kNone };
+  PrefixCopy prefix_copy = PrefixCopy::kThink;
   // Host memory floor (spec/serving.md §6.6; on GB10 the GPU allocates from the same memory):
   // a request about to start with MemAvailable below it first frees the kept sequences, then,
   // still below, fails with RESOURCE_EXHAUSTED instead of growing toward the OOM killer. 0: off.
@@ -143,6 +152,8 @@ class Engine {
   StatusOr<PrefixCache::Entry> sequence_for(const std::vector<int32_t>& prompt);
   // The memory floor's check (EngineOptions::min_mem_available) before a request starts.
   Status check_memory();
+  // Whether a request keeps a copy of its state before its prompt's last token (prefix_copy).
+  bool keeps_copy(const std::vector<int32_t>& prompt) const;
 
   const model::Model& model_;
   const tok::Tokenizer& tok_;
@@ -156,7 +167,8 @@ class Engine {
   std::atomic<bool> draining_{false};
   std::atomic<bool> abort_{false};
   Status abort_status_;
-  PrefixCache cache_;  // the scheduler thread's
+  const std::optional<int32_t> think_;  // the vocabulary's <think> (a thinking-mode prompt's last token)
+  PrefixCache cache_;                    // the scheduler thread's
   std::thread thread_;
 };
 

@@ -242,6 +242,40 @@ TEST_F(PrefixReuse, AThinkingChatsNextTurnUsesThePromptsCopy) {
   EXPECT_EQ(run(*one, next)->fin.cached_tokens, 0u);
 }
 
+// Which prompts keep a copy of their state before the last token (EngineOptions::prefix_copy;
+// taking it runs that token alone, a pass over the weights of its own). A turn that leaves the
+// first prompt's tokens at its last one, and the same prompt again (a regenerated reply), are
+// served by the copy where one was kept, else prefilled whole.
+TEST_F(PrefixReuse, APromptKeepsACopyAsPrefixCopySays) {
+  using Copy = EngineOptions::PrefixCopy;
+  const std::optional<int32_t> think = tok_->find(tok::kTokThink);
+  ASSERT_TRUE(think.has_value());
+  const auto plain = tokens("A plain prompt with no chat format around it at all");
+  for (const Copy mode : {Copy::kThink, Copy::kAll, Copy::kNone}) {
+    for (const bool thinking : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "mode " << static_cast<int>(mode) << " thinking " << thinking);
+      EngineOptions o;
+      o.prefix_copy = mode;
+      auto e = engine(2, o);
+      const std::vector<int32_t> first = thinking ? cat(plain, {*think}) : plain;
+      ASSERT_TRUE(run(*e, params(first, 6, 71))->error.ok());
+      const bool copied = mode == Copy::kAll || (mode == Copy::kThink && thinking);
+      const GenerateParams again = params(first, 6, 73);  // keeps a copy in turn, as the first did
+      const auto b = run(*e, again);
+      ASSERT_TRUE(b->error.ok()) << b->error;
+      EXPECT_EQ(b->fin.cached_tokens, copied ? first.size() - 1 : 0u);
+      expect_same_as_fresh(again, *b);
+      std::vector<int32_t> left = first;
+      left.back() = left.back() == 5 ? 6 : 5;
+      const GenerateParams p = params(cat(left, tokens(" then")), 6, 72);
+      const auto c = run(*e, p);
+      ASSERT_TRUE(c->error.ok()) << c->error;
+      EXPECT_EQ(c->fin.cached_tokens, copied ? first.size() - 1 : 0u);
+      expect_same_as_fresh(p, *c);
+    }
+  }
+}
+
 // A cancelled request's state is whole up to the last token it ran, and is kept.
 TEST_F(PrefixReuse, ACancelledRequestIsKeptUpToWhatItRan) {
   auto e = engine(1);
@@ -256,10 +290,9 @@ TEST_F(PrefixReuse, ACancelledRequestIsKeptUpToWhatItRan) {
   expect_same_as_fresh(p, *b);
 }
 
-// With four kept (a prompt's copy and a final state each), two conversations taking turns
-// both continue.
+// With two kept (plain prompts keep no copy), two conversations taking turns both continue.
 TEST_F(PrefixReuse, TwoConversationsTakingTurnsBothContinue) {
-  auto e = engine(4);
+  auto e = engine(2);
   const auto x = tokens("Conversation X begins here");
   const auto y = tokens("Conversation Y begins somewhere else entirely");
   const auto ax = run(*e, params(x, 5, 41));

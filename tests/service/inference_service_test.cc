@@ -283,6 +283,23 @@ TEST_F(Service, NextTurnReusesTheKeptPrefix) {
   EXPECT_GE(metric_value(m, "llm_prefix_cache_tokens"), 7.0 + 12 + 3 + 12 - 1);
 }
 
+// --prefix-copy all: every prompt keeps a copy of its state before its last token, so the
+// same prompt sent again (a regenerated reply) prefills that one token alone; the default
+// (think) keeps none for a plain prompt.
+TEST(ServicePrefixCopy, AllServesTheSamePromptAgain) {
+  for (const bool all : {true, false}) {
+    ServerProcess server(all ? std::vector<std::string>{"--prefix-copy", "all"} : std::vector<std::string>{});
+    ASSERT_TRUE(server.ready()) << server.log();
+    GenerateRequest req = greedy("", 6);
+    for (uint32_t id : {9u, 301u, 77u, 5u, 140u, 222u, 18u}) req.mutable_prompt_token_ids()->add_ids(id);
+    const auto a = run_stream(server.stub(), req);
+    const auto b = run_stream(server.stub(), req);
+    ASSERT_TRUE(a.status.ok() && b.status.ok()) << b.status.error_message();
+    EXPECT_EQ(b.events.back().final().usage().cached_tokens(), all ? 6u : 0u) << all;
+    EXPECT_EQ(a.ids(), b.ids());
+  }
+}
+
 // A host memory floor above what this machine has: requests are refused with
 // RESOURCE_EXHAUSTED naming the floor, never run; the memory gauges show the real figures.
 TEST(ServiceMemory, AFloorAboveMemAvailableRefusesRequests) {

@@ -55,9 +55,10 @@ TEST(ServiceCuda, DeviceDrawsMatchHostDraws) {
 }
 
 // Prefix reuse on the CUDA backend (engine/prefix_cache.h): a chat's next turn continues the
-// kept sequence (usage.cached_tokens), and a thinking-style turn, which leaves the kept tokens at the first prompt's last token, continues the copy of
-// the state before it. The kept part was computed by decode steps (GEMVs) where a fresh server
-// prefills it (GEMMs), so only the first token is held equal to the fresh server's.
+// kept sequence (usage.cached_tokens), and after a prompt ending with <think> a turn that
+// leaves the kept tokens at that last token (as thinking mode's next turn does) continues the
+// copy of the state before it. The kept part was computed by decode steps (GEMVs) where a
+// fresh server prefills it (GEMMs), so only the first token is held equal to the fresh one's.
 TEST(ServiceCuda, PrefixReuseContinuesKeptSequences) {
   if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA device";
   ServerProcess kept({"--backend", "cuda"});
@@ -73,16 +74,24 @@ TEST(ServiceCuda, PrefixReuseContinuesKeptSequences) {
   GenerateRequest next = first;
   for (uint32_t id : a.ids()) next.mutable_prompt_token_ids()->add_ids(id);
   for (uint32_t id : {61u, 62u, 63u}) next.mutable_prompt_token_ids()->add_ids(id);
+  grpc::ClientContext tctx;
+  dsflash::v1::TokenizeRequest treq;
+  treq.set_text("<think>");
+  treq.set_parse_special(true);
+  dsflash::v1::TokenizeResponse think;
+  ASSERT_TRUE(kept.stub().Tokenize(&tctx, treq, &think).ok());
+  ASSERT_EQ(think.token_ids_size(), 1);
+  next.mutable_prompt_token_ids()->add_ids(think.token_ids(0));
   const auto b = run_stream(kept.stub(), next);
   const auto want = run_stream(fresh.stub(), next);
   ASSERT_TRUE(b.status.ok() && want.status.ok()) << b.status.error_message() << want.status.error_message();
   EXPECT_EQ(b.events.back().final().usage().cached_tokens(), 8u + a.ids().size() - 1);
   ASSERT_FALSE(b.ids().empty());
   EXPECT_EQ(b.ids()[0], want.ids()[0]);
-  // A turn that leaves the kept tokens at the previous prompt's last token.
+  // A turn that leaves the kept tokens at the previous prompt's last token (<think>).
   GenerateRequest edited = next;
   const int last = next.prompt_token_ids().ids_size() - 1;
-  edited.mutable_prompt_token_ids()->set_ids(last, next.prompt_token_ids().ids(last) == 70u ? 71u : 70u);
+  edited.mutable_prompt_token_ids()->set_ids(last, think.token_ids(0) == 70u ? 71u : 70u);
   edited.mutable_prompt_token_ids()->add_ids(90u);
   const auto c = run_stream(kept.stub(), edited);
   const auto want_c = run_stream(fresh.stub(), edited);

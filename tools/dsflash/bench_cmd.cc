@@ -1,7 +1,8 @@
 // `dsflash bench --model FILE [--prompt N] [--decode M] [--runs R] [--warmup W] [--csv PATH]
 //  [--label L] [--backend cpu|cuda] [--expert-activations f32|q8] [--profile-step]`: prefill
-// and decode throughput of one sequence (median of R runs after W uncounted warm-up runs,
-// default 1), with the bytes-moved bound for decode, appended to bench/results.csv:
+// and decode throughput of one sequence and the time to copy its state after the prompt
+// (median of R runs after W uncounted warm-up runs, default 1), with the bytes-moved bound for
+// decode, appended to bench/results.csv:
 //   date,commit,machine,benchmark,configuration,metric,value,unit
 // On the CUDA backend also: the median decode step replayed from CUDA graphs and issued eagerly
 // (M further steps), the device's measured copy bandwidth, the fraction of the bound (bytes
@@ -52,6 +53,7 @@ double decode_bytes(const gguf::Model& m, const config::ModelConfig& c) {
 struct Result {
   double prefill_tps = 0, decode_tps = 0, step_ms = 0;
   double eager_step_ms = 0;  // CUDA: the same steps issued op by op instead of replayed graphs
+  double copy_ms = 0;        // Model::copy_sequence of the prompt's state (prefix reuse's copy)
 };
 
 // Bytes of caches one decode step at position `pos` reads: every layer's window ring, the
@@ -80,10 +82,11 @@ int32_t greedy_next(const std::vector<float>& logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-// Per run: prefill, n_decode steps (graphs on the CUDA backend), then on the CUDA backend
-// n_decode further steps issued eagerly.
+// Per run: prefill, a copy of the prompt's state (what prefix reuse takes of a thinking-mode
+// prompt; a new sequence and its caches' copy), n_decode steps (graphs on the CUDA backend),
+// then on the CUDA backend n_decode further steps issued eagerly.
 StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, int runs, int warmup, bool cuda) {
-  std::vector<double> pre, dec, steps, eager_steps;
+  std::vector<double> pre, dec, steps, eager_steps, copies;
   const std::vector<int32_t> prompt = bench_prompt(m, n_prompt);
   for (int r = 0; r < runs + warmup; ++r) {  // warm-up runs (caches, allocator pools) are not counted
     auto seq = m.new_sequence();
@@ -92,6 +95,11 @@ StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, in
     const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(m.forward(*seq, prompt, false, &logits));
     const auto t1 = std::chrono::steady_clock::now();
+    auto copy = m.copy_sequence(*seq);
+    if (!copy.ok()) return copy.status();
+    const double copy_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
+    copy->reset();
+    const auto t1d = std::chrono::steady_clock::now();
     auto decode = [&](std::vector<double>& out) -> Status {
       for (int64_t i = 0; i < n_decode; ++i) {
         const int32_t next = greedy_next(logits);
@@ -112,11 +120,13 @@ StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, in
     }
     if (r < warmup) continue;
     pre.push_back(n_prompt / std::chrono::duration<double>(t1 - t0).count());
-    dec.push_back(n_decode / std::chrono::duration<double>(t2 - t1).count());
+    dec.push_back(n_decode / std::chrono::duration<double>(t2 - t1d).count());
+    copies.push_back(copy_ms);
     steps.insert(steps.end(), run_steps.begin(), run_steps.end());
     eager_steps.insert(eager_steps.end(), run_eager.begin(), run_eager.end());
   }
-  return Result{median(pre), median(dec), median(steps), eager_steps.empty() ? 0.0 : median(eager_steps)};
+  return Result{median(pre), median(dec), median(steps), eager_steps.empty() ? 0.0 : median(eager_steps),
+                median(copies)};
 }
 
 // Median milliseconds of a graph decode step that also draws the next token as an API request
@@ -288,7 +298,8 @@ Status run(const Args& a) {
   std::vector<BenchRow> rows = {{"prefill_tokens_per_s", r.prefill_tps, "tok/s"},
                                 {"decode_tokens_per_s", r.decode_tps, "tok/s"},
                                 {"decode_weight_bytes_per_token", bytes, "bytes"},
-                                {"decode_weight_read_rate", bytes * r.decode_tps / 1e9, "GB/s"}};
+                                {"decode_weight_read_rate", bytes * r.decode_tps / 1e9, "GB/s"},
+                                {"sequence_copy_ms_median", r.copy_ms, "ms (copy_sequence after the prompt)"}};
   if (cuda) {
     const double cache = decode_cache_bytes(m->config(), n_prompt + n_decode / 2);
     ASSIGN_OR_RETURN(const double bw, copy_bandwidth());
