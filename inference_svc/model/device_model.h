@@ -299,6 +299,12 @@ class DeviceModel {
   bool lists_every_key(int l, const Call& call) const;
   Status grouped_output(int l, Call& call, const float* o, float* y) const;
   Status moe(int l, Call& call, const float* x, float* y) const;
+  // moe's routed experts in a streamed decode step being captured as segments (x 16-byte aligned).
+  Status segment_experts(int l, Call& call, const float* x, const int32_t* experts, const float* weights,
+                         float* y) const;
+  // moe's routed experts from the routing copied to the host (prefill; streamed decode eager).
+  Status host_routed_experts(int l, Call& call, const float* x, bool x_aligned, const int32_t* experts,
+                             const float* weights, float* y) const;
   // Expert e of layer l: resident slices, or a lease from the streamed source (held by the call).
   StatusOr<ExpertWeights> acquire_expert(int l, int32_t e, Call& call) const;
   Status grouped_experts(int l, Call& call, const float* x, const std::vector<int32_t>& e_h,

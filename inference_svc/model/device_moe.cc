@@ -92,33 +92,50 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   RETURN_IF_ERROR(kernels::moe::route_cuda(ctx, logits.get(), w.exp_probs_b, S, E, K, cfg_.norm_topk, cfg_.route_scale,
                                            experts.get(), weights.get()));
   if (call.segmenting != nullptr) {
-    // A streamed decode step being captured: the segment ends with the routing copied to the
-    // host; the next starts by copying the slots the host acquired (device_graph.cc).
-    DecodeGraphs& g = *call.segmenting;
-    ExpertTable t;
-    {
-      std::lock_guard<std::mutex> lock(slot_mu_);
-      t = slot_layout_[l];
-    }
     if (!x_aligned) return absl::InternalError("a streamed decode step's MoE input is not 16-byte aligned");
-    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, g.routing_host + l * K, experts.get(), K * sizeof(int32_t)));
-    ASSIGN_OR_RETURN(void* segment, kernels::capture_end(ctx));
-    g.segments[call.parity].push_back(segment);
-    g.split_layer[call.parity].push_back(l);
-    RETURN_IF_ERROR(kernels::capture_begin(ctx));
-    ASSIGN_OR_RETURN(auto slots_d, DevBuf<int32_t>::make(ctx, K));
-    RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, slots_d.get(), g.slots_host + l * K, K * sizeof(int32_t)));
-    t.ids = slots_d.get();
-    return decode_experts(l, call, x, t, experts.get(), weights.get(), y);
+    return segment_experts(l, call, x, experts.get(), weights.get(), y);
   }
   if (resident_decode) {
     return decode_experts(l, call, x, resident_table(w, experts.get()), experts.get(), weights.get(), y, &side,
                           side.on() ? shared.get() : nullptr);
   }
+  return host_routed_experts(l, call, x, x_aligned, experts.get(), weights.get(), y);
+}
+
+// A streamed decode step being captured: the segment ends with the routing copied to the host;
+// the next starts by copying the slots the host acquired (device_graph.cc).
+Status DeviceModel::segment_experts(int l, Call& call, const float* x, const int32_t* experts, const float* weights,
+                                    float* y) const {
+  const ExecCtx& ctx = call.ctx;
+  const int64_t K = cfg_.n_expert_used;
+  DecodeGraphs& g = *call.segmenting;
+  ExpertTable t;
+  {
+    std::lock_guard<std::mutex> lock(slot_mu_);
+    t = slot_layout_[l];
+  }
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, g.routing_host + l * K, experts, K * sizeof(int32_t)));
+  ASSIGN_OR_RETURN(void* segment, kernels::capture_end(ctx));
+  g.segments[call.parity].push_back(segment);
+  g.split_layer[call.parity].push_back(l);
+  RETURN_IF_ERROR(kernels::capture_begin(ctx));
+  ASSIGN_OR_RETURN(auto slots_d, DevBuf<int32_t>::make(ctx, K));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, slots_d.get(), g.slots_host + l * K, K * sizeof(int32_t)));
+  t.ids = slots_d.get();
+  return decode_experts(l, call, x, t, experts, weights, y);
+}
+
+// The routing copied to the host: the routed tokens grouped by expert (prefill, or experts
+// without decode GEMVs), or a streamed decode token's K experts acquired, then run from their
+// arena slots.
+Status DeviceModel::host_routed_experts(int l, Call& call, const float* x, bool x_aligned, const int32_t* experts,
+                                        const float* weights, float* y) const {
+  const ExecCtx& ctx = call.ctx;
+  const int64_t K = cfg_.n_expert_used, S = call.S;
   std::vector<int32_t> e_h(static_cast<size_t>(S * K)), next_h;
   std::vector<float> w_h(static_cast<size_t>(S * K));
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, e_h.data(), experts.get(), S * K * sizeof(int32_t)));
-  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, w_h.data(), weights.get(), S * K * sizeof(float)));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, e_h.data(), experts, S * K * sizeof(int32_t)));
+  RETURN_IF_ERROR(kernels::copy(ctx, Copy::kDeviceToHost, w_h.data(), weights, S * K * sizeof(float)));
   const bool predict = streamed_ != nullptr && prefetch_next_ && S == 1 && l + 1 < static_cast<int>(cfg_.n_layer) &&
                        layers_[l + 1].gate_inp.valid();
   if (predict) {
@@ -133,7 +150,6 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
     streamed_->prefetch(l, distinct(e_h));
   }
   if (streamed_ == nullptr || S != 1) return grouped_experts(l, call, x, e_h, w_h, {}, y);
-  // A streamed decode token: its K experts acquired, then run from their arena slots.
   std::vector<ExpertWeights> ew;
   std::map<int32_t, ExpertWeights> held;
   for (int32_t e : e_h) {
@@ -159,7 +175,7 @@ Status DeviceModel::moe(int l, Call& call, const float* x, float* y) const {
   ASSIGN_OR_RETURN(auto slots_d, DevBuf<int32_t>::make(ctx, K));
   RETURN_IF_ERROR(kernels::copy(ctx, Copy::kHostToDevice, slots_d.get(), slots.data(), K * sizeof(int32_t)));
   t.ids = slots_d.get();
-  return decode_experts(l, call, x, t, experts.get(), weights.get(), y);
+  return decode_experts(l, call, x, t, experts, weights, y);
 }
 
 Status DeviceModel::acquire_routed_slots(int l, Call& call, const int32_t* experts, int32_t* slots) const {
