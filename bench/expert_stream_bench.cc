@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -187,103 +188,124 @@ std::pair<double, double> routing_stats(const std::vector<std::vector<std::set<i
   return {top_share / n, reuse / n};
 }
 
+// What every arena fraction's run shares: the flags, the model and the all-resident figures.
+struct Setup {
+  std::string model, csv, label, eviction, tiles, store_bin;
+  int64_t n_prompt = 64, n_decode = 256;
+  int readers = 4;
+  bool prefetch = false;
+  double host_frac = 0;
+  std::optional<std::string> trace_out;
+  std::unique_ptr<gguf::Model> file;
+  config::ModelConfig cfg;
+  std::optional<expertstore::SliceMap> map;
+  double disk = 0, resident_tps = 0, resident_median_ms = 0;
+};
+
+// One arena fraction: a real store process with that budget, the model streaming from it, the
+// decode measured and its rows appended.
+Status run_fraction(const Setup& s, double frac, bool write_trace_out) {
+  const uint64_t all = uint64_t{s.cfg.n_layer} * s.cfg.n_expert;
+  const uint64_t slots = std::max<uint64_t>(s.cfg.n_expert_used, static_cast<uint64_t>(frac * static_cast<double>(all) + 0.5));
+  const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("dsf_stream_", ::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string sock = "unix:" + dir + "/store.sock";
+  std::vector<std::string> args = {s.store_bin, "--model", s.model, "--listen", sock, "--metrics", "off",
+                                   "--budget", std::to_string(slots * s.map->slot_bytes()), "--arena", "device",
+                                   "--reader-threads", std::to_string(s.readers), "--eviction", s.eviction,
+                                   "--expert-tiles", s.tiles};
+  const uint64_t tier_slots = static_cast<uint64_t>(s.host_frac * static_cast<double>(all) + 0.5);
+  if (tier_slots > 0) args.insert(args.end(), {"--host-cache", std::to_string(tier_slots * s.map->slot_bytes())});
+  bench::StoreProcess proc;
+  RETURN_IF_ERROR(proc.start(args));
+  ASSIGN_OR_RETURN(const std::string fp, s.file->fingerprint("_exps."));
+  auto client = std::make_unique<expertclient::ExpertClient>(
+      expertclient::ClientOptions{.address = sock, .model_fingerprint = fp, .device_arena = true}, s.cfg);
+  RETURN_IF_ERROR(client->wait_connected(std::chrono::seconds(60)));
+  auto rec_owned = std::make_unique<Recorder>(std::move(client));
+  Recorder* rec = rec_owned.get();
+  ASSIGN_OR_RETURN(auto m, model::Model::load(*s.file, std::move(rec_owned),
+                                              model::LoadOptions{kernels::Backend::kCuda, s.prefetch}));
+  uint64_t hits0 = 0, misses0 = 0, bytes0 = 0, evict0 = 0, loads0 = 0, tier0 = 0;
+  ASSIGN_OR_RETURN(const auto ms, decode(*m, s.n_prompt, s.n_decode, [&] {
+    hits0 = rec->client().hits(), misses0 = rec->client().misses();
+    auto st = store_stats(sock);
+    if (st.ok()) bytes0 = st->bytes_read(), evict0 = st->evictions(), loads0 = st->loads(), tier0 = st->host_tier_hits();
+    rec->blocked_s = 0;
+    rec->recording = true;
+  }, rec));
+  ASSIGN_OR_RETURN(const v1::StoreStats st, store_stats(sock));
+  const double n = static_cast<double>(s.n_decode);
+  const double hits = static_cast<double>(rec->routed_hits), misses = static_cast<double>(rec->routed_misses);
+  const double client_hits = static_cast<double>(rec->client().hits() - hits0);
+  const double client_misses = static_cast<double>(rec->client().misses() - misses0);
+  const double loads = static_cast<double>(st.loads() - loads0) / n;
+  const double bytes = static_cast<double>(st.bytes_read() - bytes0) / n;
+  const double tps = tokens_per_s(ms);
+  const auto [top_share, reuse] = routing_stats(rec->picks, s.cfg.n_expert);
+  if (write_trace_out) RETURN_IF_ERROR(write_trace(*s.trace_out, rec->picks, s.cfg));
+  const std::string config = absl::StrCat(s.label, " experts=", all, " arena=", static_cast<int>(frac * 100 + 0.5), "% slots=",
+                                          slots, " prompt=", s.n_prompt, " decode=", s.n_decode, " readers=", s.readers, " eviction=", s.eviction, " host-cache=", static_cast<int>(s.host_frac * 100 + 0.5), "%",
+                                          " prefetch=", s.prefetch ? "on" : "off", " tiles=", s.tiles, " top-quarter share=", top_share,
+                                          " reuse=", reuse);
+  std::fprintf(stderr, "%s\n", config.c_str());
+  RETURN_IF_ERROR(tools::append_bench_rows(
+      s.csv, "expert_streaming", config,
+      {{"hit_rate", hits / std::max(1.0, hits + misses), "ratio (resident when the layer's routing was known)"},
+       {"misses_per_token", misses / n, "experts"},
+       {"loads_per_token", loads, "experts (demand and prefetch)"},
+       {"client_hit_rate", client_hits / std::max(1.0, client_hits + client_misses),
+        "ratio (resident at acquire, after the layer's misses were asked for together)"},
+       {"bytes_read_per_token", bytes / 1e6, "MB"},
+       {"evictions_per_token", static_cast<double>(st.evictions() - evict0) / n, "experts"},
+       {"blocked_on_experts_per_token", rec->blocked_s * 1e3 / n, "ms"},
+       {"decode_tokens_per_s", tps, "tok/s"},
+       {"decode_step_ms_median", tools::median(ms), "ms"},
+       {"decode_graph_replays", static_cast<double>(m->decode_graph_replays()), "steps (graph segment chains)"},
+       {"resident_decode_tokens_per_s", s.resident_tps, "tok/s"},
+       {"resident_decode_step_ms_median", s.resident_median_ms, "ms"},
+       {"host_tier_hits_per_token", static_cast<double>(st.host_tier_hits() - tier0) / n, "experts"},
+       {"vs_resident", tps / s.resident_tps, "ratio"},
+       {"disk_read_rate", s.disk / 1e6, "MB/s"},
+       {"disk_bound_tokens_per_s", bytes > 0 ? s.disk / bytes : 0.0, "tok/s"},
+       {"vs_disk_bound", bytes > 0 ? tps / (s.disk / bytes) : 0.0, "ratio"}}));
+  m.reset();
+  std::filesystem::remove_all(dir);
+  return absl::OkStatus();
+}
+
 Status run_bench(const tools::Args& a) {
-  const std::string model = a.get_or("model", ""), csv = a.get_or("csv", "bench/results.csv");
-  const int64_t n_prompt = std::atoll(a.get_or("prompt", "64").c_str()), n_decode = std::atoll(a.get_or("decode", "256").c_str());
-  const int readers = std::atoi(a.get_or("readers", "4").c_str());
-  const bool prefetch = a.get_or("prefetch", "off") == "on";
-  const double host_frac = std::atof(a.get_or("host-cache", "0").c_str());
-  const std::string eviction = a.get_or("eviction", "lfu");  // the store's default
-  const std::string tiles = a.get_or("expert-tiles", "true");  // the store's default
-  if (host_frac < 0 || host_frac > 1) return absl::InvalidArgumentError("--host-cache: a fraction of the experts in [0, 1]");
-  ASSIGN_OR_RETURN(auto file, gguf::Model::open(model));
-  ASSIGN_OR_RETURN(const config::ModelConfig cfg, config::from_gguf(*file));
-  ASSIGN_OR_RETURN(const expertstore::SliceMap map, expertstore::SliceMap::build(*file, cfg));
-  const std::string label = a.get_or("label", cfg.name);
-  const uint64_t all = uint64_t{cfg.n_layer} * cfg.n_expert;
-  ASSIGN_OR_RETURN(const double disk, disk_rate(*file, map, readers));
-  std::fprintf(stderr, "raw O_DIRECT read rate: %.0f MB/s (%d threads)\n", disk / 1e6, readers);
+  Setup s;
+  s.model = a.get_or("model", ""), s.csv = a.get_or("csv", "bench/results.csv");
+  s.store_bin = a.get_or("store-bin", "");
+  s.n_prompt = std::atoll(a.get_or("prompt", "64").c_str()), s.n_decode = std::atoll(a.get_or("decode", "256").c_str());
+  s.readers = std::atoi(a.get_or("readers", "4").c_str());
+  s.prefetch = a.get_or("prefetch", "off") == "on";
+  s.host_frac = std::atof(a.get_or("host-cache", "0").c_str());
+  s.eviction = a.get_or("eviction", "lfu");      // the store's default
+  s.tiles = a.get_or("expert-tiles", "true");    // the store's default
+  if (a.has("trace-out")) s.trace_out = *a.get("trace-out");
+  if (s.host_frac < 0 || s.host_frac > 1) return absl::InvalidArgumentError("--host-cache: a fraction of the experts in [0, 1]");
+  ASSIGN_OR_RETURN(s.file, gguf::Model::open(s.model));
+  ASSIGN_OR_RETURN(s.cfg, config::from_gguf(*s.file));
+  ASSIGN_OR_RETURN(s.map, expertstore::SliceMap::build(*s.file, s.cfg));
+  s.label = a.get_or("label", s.cfg.name);
+  ASSIGN_OR_RETURN(s.disk, disk_rate(*s.file, *s.map, s.readers));
+  std::fprintf(stderr, "raw O_DIRECT read rate: %.0f MB/s (%d threads)\n", s.disk / 1e6, s.readers);
   // The all-resident rate (graph decode) of the same file.
   // Both rates are decoded tokens / total decode time over the same number of steps.
-  double resident_tps = 0, resident_median_ms = 0;
   {
-    ASSIGN_OR_RETURN(auto m, model::Model::load(*file, nullptr, model::LoadOptions{kernels::Backend::kCuda}));
-    ASSIGN_OR_RETURN(const auto ms, decode(*m, n_prompt, n_decode, [] {}, nullptr));
-    resident_tps = tokens_per_s(ms), resident_median_ms = tools::median(ms);
+    ASSIGN_OR_RETURN(auto m, model::Model::load(*s.file, nullptr, model::LoadOptions{kernels::Backend::kCuda}));
+    ASSIGN_OR_RETURN(const auto ms, decode(*m, s.n_prompt, s.n_decode, [] {}, nullptr));
+    s.resident_tps = tokens_per_s(ms), s.resident_median_ms = tools::median(ms);
   }
-  std::fprintf(stderr, "all resident: %.2f tok/s (median step %.2f ms)\n", resident_tps, resident_median_ms);
+  std::fprintf(stderr, "all resident: %.2f tok/s (median step %.2f ms)\n", s.resident_tps, s.resident_median_ms);
   bool trace_written = false;
   for (absl::string_view f : absl::StrSplit(a.get_or("fractions", "0.25,0.5,1"), ',')) {
     const double frac = std::atof(std::string(f).c_str());
     if (frac <= 0 || frac > 1) return absl::InvalidArgumentError("--fractions: values in (0, 1]");
-    const uint64_t slots = std::max<uint64_t>(cfg.n_expert_used, static_cast<uint64_t>(frac * static_cast<double>(all) + 0.5));
-    const std::string dir = std::filesystem::temp_directory_path() / absl::StrCat("dsf_stream_", ::getpid());
-    std::filesystem::create_directories(dir);
-    const std::string sock = "unix:" + dir + "/store.sock";
-    std::vector<std::string> args = {a.get_or("store-bin", ""), "--model", model, "--listen", sock, "--metrics", "off",
-                                     "--budget", std::to_string(slots * map.slot_bytes()), "--arena", "device",
-                                     "--reader-threads", std::to_string(readers), "--eviction", eviction,
-                                     "--expert-tiles", tiles};
-    const uint64_t tier_slots = static_cast<uint64_t>(host_frac * static_cast<double>(all) + 0.5);
-    if (tier_slots > 0) args.insert(args.end(), {"--host-cache", std::to_string(tier_slots * map.slot_bytes())});
-    bench::StoreProcess proc;
-    RETURN_IF_ERROR(proc.start(args));
-    ASSIGN_OR_RETURN(const std::string fp, file->fingerprint("_exps."));
-    auto client = std::make_unique<expertclient::ExpertClient>(
-        expertclient::ClientOptions{.address = sock, .model_fingerprint = fp, .device_arena = true}, cfg);
-    RETURN_IF_ERROR(client->wait_connected(std::chrono::seconds(60)));
-    auto rec_owned = std::make_unique<Recorder>(std::move(client));
-    Recorder* rec = rec_owned.get();
-    ASSIGN_OR_RETURN(auto m, model::Model::load(*file, std::move(rec_owned),
-                                                model::LoadOptions{kernels::Backend::kCuda, prefetch}));
-    uint64_t hits0 = 0, misses0 = 0, bytes0 = 0, evict0 = 0, loads0 = 0, tier0 = 0;
-    ASSIGN_OR_RETURN(const auto ms, decode(*m, n_prompt, n_decode, [&] {
-      hits0 = rec->client().hits(), misses0 = rec->client().misses();
-      auto st = store_stats(sock);
-      if (st.ok()) bytes0 = st->bytes_read(), evict0 = st->evictions(), loads0 = st->loads(), tier0 = st->host_tier_hits();
-      rec->blocked_s = 0;
-      rec->recording = true;
-    }, rec));
-    ASSIGN_OR_RETURN(const v1::StoreStats st, store_stats(sock));
-    const double n = static_cast<double>(n_decode);
-    const double hits = static_cast<double>(rec->routed_hits), misses = static_cast<double>(rec->routed_misses);
-    const double client_hits = static_cast<double>(rec->client().hits() - hits0);
-    const double client_misses = static_cast<double>(rec->client().misses() - misses0);
-    const double loads = static_cast<double>(st.loads() - loads0) / n;
-    const double bytes = static_cast<double>(st.bytes_read() - bytes0) / n;
-    const double tps = tokens_per_s(ms);
-    const auto [top_share, reuse] = routing_stats(rec->picks, cfg.n_expert);
-    if (a.has("trace-out") && !trace_written) {
-      RETURN_IF_ERROR(write_trace(*a.get("trace-out"), rec->picks, cfg));
-      trace_written = true;
-    }
-    const std::string config = absl::StrCat(label, " experts=", all, " arena=", static_cast<int>(frac * 100 + 0.5), "% slots=",
-                                            slots, " prompt=", n_prompt, " decode=", n_decode, " readers=", readers, " eviction=", eviction, " host-cache=", static_cast<int>(host_frac * 100 + 0.5), "%",
-                                            " prefetch=", prefetch ? "on" : "off", " tiles=", tiles, " top-quarter share=", top_share,
-                                            " reuse=", reuse);
-    std::fprintf(stderr, "%s\n", config.c_str());
-    RETURN_IF_ERROR(tools::append_bench_rows(
-        csv, "expert_streaming", config,
-        {{"hit_rate", hits / std::max(1.0, hits + misses), "ratio (resident when the layer's routing was known)"},
-         {"misses_per_token", misses / n, "experts"},
-         {"loads_per_token", loads, "experts (demand and prefetch)"},
-         {"client_hit_rate", client_hits / std::max(1.0, client_hits + client_misses),
-          "ratio (resident at acquire, after the layer's misses were asked for together)"},
-         {"bytes_read_per_token", bytes / 1e6, "MB"},
-         {"evictions_per_token", static_cast<double>(st.evictions() - evict0) / n, "experts"},
-         {"blocked_on_experts_per_token", rec->blocked_s * 1e3 / n, "ms"},
-         {"decode_tokens_per_s", tps, "tok/s"},
-         {"decode_step_ms_median", tools::median(ms), "ms"},
-         {"decode_graph_replays", static_cast<double>(m->decode_graph_replays()), "steps (graph segment chains)"},
-         {"resident_decode_tokens_per_s", resident_tps, "tok/s"},
-         {"resident_decode_step_ms_median", resident_median_ms, "ms"},
-         {"host_tier_hits_per_token", static_cast<double>(st.host_tier_hits() - tier0) / n, "experts"},
-         {"vs_resident", tps / resident_tps, "ratio"},
-         {"disk_read_rate", disk / 1e6, "MB/s"},
-         {"disk_bound_tokens_per_s", bytes > 0 ? disk / bytes : 0.0, "tok/s"},
-         {"vs_disk_bound", bytes > 0 ? tps / (disk / bytes) : 0.0, "ratio"}}));
-    m.reset();
-    std::filesystem::remove_all(dir);
+    RETURN_IF_ERROR(run_fraction(s, frac, s.trace_out.has_value() && !trace_written));
+    trace_written = true;
   }
   return absl::OkStatus();
 }
