@@ -4,12 +4,15 @@
 // endpoint (checked with promtool when installed).
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <future>
+#include <map>
 
 #include "common/tokenizer/unicode.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "inference_svc/model/model.h"
 #include "tests/service/server_process.h"
+#include "tools/dsflash/commands.h"
 
 namespace dsflash::testing {
 namespace {
@@ -298,6 +301,58 @@ TEST(ServicePrefixCopy, AllServesTheSamePromptAgain) {
     EXPECT_EQ(b.events.back().final().usage().cached_tokens(), all ? 6u : 0u) << all;
     EXPECT_EQ(a.ids(), b.ids());
   }
+}
+
+// The last value of each metric in a bench/results.csv-format file.
+std::map<std::string, double> last_values(const std::string& path) {
+  std::map<std::string, double> v;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> f(1);
+    bool quoted = false;
+    for (char c : line) {
+      if (c == '"') quoted = !quoted;
+      else if (c == ',' && !quoted) f.emplace_back();
+      else f.back() += c;
+    }
+    if (f.size() == 8 && f[3] == "serving") v[f[5]] = std::atof(f[6].c_str());
+  }
+  return v;
+}
+
+// `dsflash loadgen` against a real server: each figure's row, and the prompt tokens it reports
+// as taken from kept sequences are exactly what the server's --prefix-copy all gives: the same
+// 24-token prompt three times (the copy of its first 23 serves the second and third), a
+// conversation of three turns (each continues the previous turn's kept state).
+TEST(ServiceLoadgen, ReportsServingFiguresThroughTheApi) {
+  ServerProcess server({"--prefix-copy", "all"});
+  ASSERT_TRUE(server.ready()) << server.log();
+  TempDir dir;
+  const std::string csv = dir.file("serving.csv");
+  int seed = 0;  // each run's own prompts
+  auto loadgen = [&](const char* mode, std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {"--server", server.address(), "--mode", mode, "--requests", "3",
+                                     "--prompt-tokens", "24", "--max-tokens", "4", "--csv", csv,
+                                     "--seed", std::to_string(++seed)};
+    args.insert(args.end(), more.begin(), more.end());
+    return tools::loadgen_main(args);
+  };
+  ASSERT_EQ(loadgen("fresh"), 0);
+  auto v = last_values(csv);
+  EXPECT_EQ(v["cached_prompt_share"], 0.0);
+  EXPECT_GT(v["ttft_ms_p50"], 0.0);
+  EXPECT_GE(v["ttft_ms_p99"], v["ttft_ms_p50"]);
+  EXPECT_GT(v["tpot_ms_p50"], 0.0);
+  EXPECT_GT(v["output_tokens_per_s"], 0.0);
+  EXPECT_GT(v["requests_per_s"], 0.0);
+  ASSERT_EQ(loadgen("same"), 0);
+  EXPECT_NEAR(last_values(csv)["cached_prompt_share"], 2.0 * 23 / (3 * 24), 1e-5);  // 6 digits in the file
+  // Turns of 24, 24 + 4 + 16 and 44 + 4 + 16 prompt tokens; the second and third continue the
+  // state kept after the turn before (its prompt and all but the last reply token).
+  ASSERT_EQ(loadgen("turns", {"--turn-tokens", "16"}), 0);
+  EXPECT_NEAR(last_values(csv)["cached_prompt_share"], (27.0 + 47) / (24 + 44 + 64), 1e-5);
+  EXPECT_EQ(loadgen("sideways"), 1);  // a bad mode: refused before any request
+  EXPECT_EQ(tools::loadgen_main({"--server", "unix:" + dir.file("nobody.sock"), "--csv", csv, "--timeout", "2"}), 1);
 }
 
 // A host memory floor above what this machine has: requests are refused with

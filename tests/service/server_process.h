@@ -91,6 +91,7 @@ class ServerProcess {
   grpc::health::v1::Health::Stub& health() { return *health_; }
   std::string metrics() const { return http_get(metrics_port_, "/metrics"); }
   const std::string& model_path() const { return model_; }
+  const std::string& address() const { return sock_; }  // the gRPC address (unix:...)
   pid_t pid() const { return proc_.pid(); }
   std::string log() const { return proc_.log(); }
 

@@ -14,5 +14,6 @@ int detokenize_main(const std::vector<std::string>& args);
 int logits_main(const std::vector<std::string>& args);
 int bench_main(const std::vector<std::string>& args);
 int generate_main(const std::vector<std::string>& args);
+int loadgen_main(const std::vector<std::string>& args);
 
 }  // namespace dsflash::tools

@@ -21,7 +21,9 @@ void usage() {
                "  bench --model FILE [--prompt N] [--decode M] [--runs R] [--csv PATH] [--backend cpu|cuda]\n"
                "                                            CPU prefill/decode tokens/s -> bench/results.csv\n"
                "  generate [--server ADDR] [--chat] [--max-tokens N] [--temperature T] [--seed N] [--json] PROMPT...\n"
-               "                                            stream text from a running dsflash-inference\n");
+               "                                            stream text from a running dsflash-inference\n"
+               "  loadgen [--server ADDR] [--mode fresh|same|turns] [--requests N] [--concurrency C] [--prompt-tokens P]\n"
+               "          [--max-tokens M] [--think]        TTFT / time per token through the API -> bench/results.csv\n");
 }
 
 }  // namespace
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
   if (cmd == "logits") return dsflash::tools::logits_main(args);
   if (cmd == "bench") return dsflash::tools::bench_main(args);
   if (cmd == "generate") return dsflash::tools::generate_main(args);
+  if (cmd == "loadgen") return dsflash::tools::loadgen_main(args);
   if (cmd == "help" || cmd == "--help" || cmd == "-h") {
     usage();
     return 0;
