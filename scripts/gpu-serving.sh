@@ -33,7 +33,7 @@ for copy in ${COPIES:-think all}; do
   [[ -S $sock ]] || { echo "gpu-serving: the server did not start (see serving-server-$copy.log)" >&2; kill $pid; exit 1; }
   run() {
     "$bin/dsflash" loadgen --server "unix:$sock" --requests "${REQUESTS:-8}" --prompt-tokens "${PROMPT:-512}" \
-      --max-tokens "${TOKENS:-32}" --csv "$csv" --label "perf-pooled prefix-copy=$copy" "$@" \
+      --max-tokens "${TOKENS:-32}" --wait-ready 300 --csv "$csv" --label "perf-pooled prefix-copy=$copy" "$@" \
       >> "$logs/serving.log" 2>&1 || { echo "gpu-serving: loadgen $* failed (copy $copy)" >&2; rc=1; }
   }
   echo "== prefix-copy $copy" >> "$logs/serving.log"

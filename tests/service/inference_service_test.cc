@@ -355,6 +355,26 @@ TEST(ServiceLoadgen, ReportsServingFiguresThroughTheApi) {
   EXPECT_EQ(tools::loadgen_main({"--server", "unix:" + dir.file("nobody.sock"), "--csv", csv, "--timeout", "2"}), 1);
 }
 
+// Against a server still loading its model: refused at once by default, run once loaded with
+// --wait-ready; an address nobody answers fails after the wait.
+TEST(ServiceLoadgen, WaitReadyWaitsForALoadingServer) {
+  ServerProcess server({"--load-rate-mbps", "2"}, /*wait_ready=*/false);
+  ASSERT_TRUE(server.serving(""));
+  ASSERT_FALSE(server.serving("dsflash.v1.Inference"));  // still loading
+  TempDir dir;
+  const std::string csv = dir.file("serving.csv");
+  const std::vector<std::string> args = {"--server", server.address(), "--requests", "1", "--prompt-tokens", "8",
+                                         "--max-tokens", "2", "--csv", csv};
+  EXPECT_EQ(tools::loadgen_main(args), 1);
+  std::vector<std::string> waiting = args;
+  waiting.insert(waiting.end(), {"--wait-ready", "60"});
+  ASSERT_EQ(tools::loadgen_main(waiting), 0) << server.log();
+  EXPECT_GT(last_values(csv)["ttft_ms_p50"], 0.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(tools::loadgen_main({"--server", "unix:" + dir.file("nobody.sock"), "--csv", csv, "--wait-ready", "1"}), 1);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+}
+
 // A host memory floor above what this machine has: requests are refused with
 // RESOURCE_EXHAUSTED naming the floor, never run; the memory gauges show the real figures.
 TEST(ServiceMemory, AFloorAboveMemAvailableRefusesRequests) {

@@ -7,7 +7,8 @@
 //   turns  each thread is a conversation: a request re-sends the previous prompt and its reply,
 //          then --turn-tokens new ids (a chat's next turn).
 // --think ends every prompt with the vocabulary's <think> (thinking mode's generation prompt).
-// The ids come from --seed, a new one each run unless given.
+// The ids come from --seed, a new one each run unless given. --wait-ready S waits up to S
+// seconds for a server that is still starting or loading its model (default: fails at once).
 // Rows (benchmark "serving") go to --csv: time to first token (p50/p90/p99), time per output
 // token after the first (p50/p99), end to end, aggregate output tokens/s, and the share of
 // prompt tokens the server took from kept sequences (usage.cached_tokens).
@@ -35,7 +36,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::string server, csv, label, mode;
-  int64_t requests = 8, concurrency = 1, prompt_tokens = 64, max_tokens = 32, turn_tokens = 16, timeout_s = 600;
+  int64_t requests = 8, concurrency = 1, prompt_tokens = 64, max_tokens = 32, turn_tokens = 16, timeout_s = 600,
+          wait_ready_s = 0;
   uint64_t seed = 1;
   bool think = false;
 };
@@ -52,13 +54,27 @@ struct Target {
   std::optional<uint32_t> think;
 };
 
+// GetModelInfo, again every half second while the server is unreachable or still loading
+// (UNAVAILABLE) and --wait-ready has time left.
+StatusOr<dsflash::v1::ModelInfo> model_info(dsflash::v1::Inference::Stub& stub, const Options& o) {
+  const auto until = Clock::now() + std::chrono::seconds(o.wait_ready_s);
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    dsflash::v1::ModelInfo info;
+    const grpc::Status s = stub.GetModelInfo(&ctx, {}, &info);
+    if (s.ok()) return info;
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= until) {
+      const std::string waited = o.wait_ready_s > 0 ? absl::StrCat(" (waited ", o.wait_ready_s, " s)") : "";
+      return absl::UnavailableError(absl::StrCat("GetModelInfo at ", o.server, ": ", s.error_message(), waited));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
 StatusOr<Target> query_target(dsflash::v1::Inference::Stub& stub, const Options& o) {
   Target t;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  dsflash::v1::ModelInfo info;
-  const grpc::Status s = stub.GetModelInfo(&ctx, {}, &info);
-  if (!s.ok()) return absl::UnavailableError(absl::StrCat("GetModelInfo at ", o.server, ": ", s.error_message()));
+  ASSIGN_OR_RETURN(const dsflash::v1::ModelInfo info, model_info(stub, o));
   t.vocab = info.vocab_size(), t.max_prompt = info.max_prompt_tokens();
   t.backend = info.backend(), t.model = info.model_name();
   if (o.think) {
@@ -182,14 +198,16 @@ StatusOr<Options> parse(const Args& a) {
   ASSIGN_OR_RETURN(o.max_tokens, a.get_int("max-tokens", 32));
   ASSIGN_OR_RETURN(o.turn_tokens, a.get_int("turn-tokens", 16));
   ASSIGN_OR_RETURN(o.timeout_s, a.get_int("timeout", 600));
+  ASSIGN_OR_RETURN(o.wait_ready_s, a.get_int("wait-ready", 0));
   // Prompts from a new seed unless one is given: a server keeps sequences across runs, and an
   // earlier run's prompts would be served from them.
   ASSIGN_OR_RETURN(const int64_t seed, a.get_int("seed", static_cast<int64_t>(std::random_device{}() >> 1)));
   o.seed = static_cast<uint64_t>(seed);
   if (o.requests < 1 || o.concurrency < 1 || o.concurrency > 256 || o.prompt_tokens < 2 || o.max_tokens < 1 ||
-      o.turn_tokens < 1 || o.timeout_s < 1) {
+      o.turn_tokens < 1 || o.timeout_s < 1 || o.wait_ready_s < 0) {
     return absl::InvalidArgumentError(
-        "--requests >= 1, --concurrency 1..256, --prompt-tokens >= 2, --max-tokens, --turn-tokens, --timeout >= 1");
+        "--requests >= 1, --concurrency 1..256, --prompt-tokens >= 2, --max-tokens, --turn-tokens, --timeout >= 1, "
+        "--wait-ready >= 0");
   }
   return o;
 }
@@ -229,12 +247,12 @@ Status run(const Args& a) {
 int loadgen_main(const std::vector<std::string>& argv) {
   auto args = Args::parse(argv, {"think"},
                           {"server", "requests", "concurrency", "prompt-tokens", "max-tokens", "mode", "turn-tokens",
-                           "seed", "csv", "label", "timeout"});
+                           "seed", "csv", "label", "timeout", "wait-ready"});
   if (!args.ok()) {
     std::fprintf(stderr,
                  "usage: dsflash loadgen [--server ADDR] [--mode fresh|same|turns] [--requests N] [--concurrency C] "
                  "[--prompt-tokens P] [--max-tokens M] [--turn-tokens T] [--think] [--seed S] [--csv PATH] "
-                 "[--label L] [--timeout SECONDS]\n%s\n",
+                 "[--label L] [--timeout SECONDS] [--wait-ready SECONDS]\n%s\n",
                  std::string(args.status().message()).c_str());
     return 2;
   }

@@ -23,7 +23,8 @@ void usage() {
                "  generate [--server ADDR] [--chat] [--max-tokens N] [--temperature T] [--seed N] [--json] PROMPT...\n"
                "                                            stream text from a running dsflash-inference\n"
                "  loadgen [--server ADDR] [--mode fresh|same|turns] [--requests N] [--concurrency C] [--prompt-tokens P]\n"
-               "          [--max-tokens M] [--think]        TTFT / time per token through the API -> bench/results.csv\n");
+               "          [--max-tokens M] [--think] [--wait-ready S]\n"
+               "                                            TTFT / time per token through the API -> bench/results.csv\n");
 }
 
 }  // namespace
