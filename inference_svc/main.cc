@@ -34,6 +34,8 @@ constexpr const char* kUsage =
     "  --listen ADDR[,ADDR]    gRPC addresses (default 0.0.0.0:50051; unix:PATH ok)\n"
     "  --metrics HOST:PORT     Prometheus endpoint (default 0.0.0.0:9100)\n"
     "  --max-queue N           admission queue bound (default 16)\n"
+    "  --max-running N         requests run at once, taking turns a prefill chunk or a token at a\n"
+    "                          time, each on its own sequence (default 4; 1 = one after another)\n"
     "  --max-new-tokens N      default and cap of max_new_tokens (default 256)\n"
     "  --grace-seconds S       drain time on SIGTERM before cutting streams (default 30)\n"
     "  --prefill-chunk N       prompt tokens per model call (default 256)\n"
@@ -53,7 +55,8 @@ constexpr const char* kUsage =
     "  --sampling device|host  cuda: draw tokens on the device (default; requests with logprobs are\n"
     "                          drawn on the host) or always on the host\n"
     "  --prefix-cache N        sequences kept after their requests (default 2, 0 = off): a prompt that\n"
-    "                          continues one (the next turn of a chat) is prefilled only past it\n"
+    "                          continues one (the next turn of a chat) is prefilled only past it;\n"
+    "                          running requests count against N (at most N kept or running)\n"
     "  --prefix-copy think|all|none  with --prefix-cache >= 2, which prompts also keep a copy of their\n"
     "                          state before their last token, which costs a decode step: those ending\n"
     "                          with <think> (default; thinking mode's next turn), all (a regenerated\n"
@@ -67,6 +70,7 @@ struct Flags {
   std::string listen = "0.0.0.0:50051";
   std::string metrics = "0.0.0.0:9100";
   size_t max_queue = 16;
+  size_t max_running = 4;
   uint32_t max_new_tokens = 256;
   int grace_seconds = 30;
   uint32_t prefill_chunk = 256;
@@ -95,6 +99,10 @@ bool parse_flags(int argc, char** argv, Flags* f) {
     if (a == "--listen" && value(&f->listen)) continue;
     if (a == "--metrics" && value(&f->metrics)) continue;
     if (a == "--max-queue" && value(&v) && absl::SimpleAtoi(v, &f->max_queue)) continue;
+    if (a == "--max-running" && value(&v) && absl::SimpleAtoi(v, &f->max_running) && f->max_running >= 1 &&
+        f->max_running <= 64) {
+      continue;
+    }
     if (a == "--max-new-tokens" && value(&v) && absl::SimpleAtoi(v, &f->max_new_tokens)) continue;
     if (a == "--grace-seconds" && value(&v) && absl::SimpleAtoi(v, &f->grace_seconds)) continue;
     if (a == "--prefill-chunk" && value(&v) && absl::SimpleAtoi(v, &f->prefill_chunk) && f->prefill_chunk > 0) continue;
@@ -156,6 +164,7 @@ dsflash::model::LoadOptions load_options(const Flags& flags) {
 dsflash::engine::EngineOptions engine_options(const Flags& flags) {
   dsflash::engine::EngineOptions o;
   o.max_queue = flags.max_queue;
+  o.max_running = flags.max_running;
   o.default_max_new_tokens = flags.max_new_tokens;
   o.prefill_chunk = flags.prefill_chunk;
   o.device_sampling = flags.device_sampling;

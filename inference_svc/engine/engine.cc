@@ -4,7 +4,6 @@
 #include <cmath>
 #include <random>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/host/host.h"
 #include "common/log.h"
@@ -127,7 +126,7 @@ void Engine::drain() { draining_ = true; }
 
 size_t Engine::in_flight() const {
   std::lock_guard<std::mutex> l(mu_);
-  return queue_.size() + (running_job_ ? 1 : 0);
+  return queue_.size() + running_;
 }
 
 void Engine::abort_all(const Status& s) {
@@ -135,49 +134,11 @@ void Engine::abort_all(const Status& s) {
   {
     std::lock_guard<std::mutex> l(mu_);
     abort_status_ = s;
-    abort_ = true;
+    ++abort_gen_;
     dropped.swap(queue_);
     if (metrics_) metrics_->waiting->Set(0);
   }
   for (Job& j : dropped) j.stream->on_error(s);
-}
-
-void Engine::loop() {
-  for (;;) {
-    Job job;
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      running_job_ = true;
-      abort_ = false;
-      if (metrics_) {
-        metrics_->waiting->Set(static_cast<double>(queue_.size()));
-        metrics_->running->Set(1);
-      }
-    }
-    run(job);
-    std::lock_guard<std::mutex> l(mu_);
-    running_job_ = false;
-    if (metrics_) metrics_->running->Set(0);
-  }
-}
-
-void Engine::run(Job& job) {
-  FinalEvent fin;
-  const Status s = generate(job, fin);
-  if (!s.ok()) {
-    job.stream->on_error(s);
-    return;
-  }
-  if (metrics_) {
-    metrics_->finished(finish_reason_name(fin.reason));
-    metrics_->e2e->Observe(fin.e2e_s);
-    metrics_->generation_tokens_hist->Observe(fin.completion_tokens);
-  }
-  job.stream->on_final(std::move(fin));
 }
 
 namespace {
@@ -281,14 +242,13 @@ Status Engine::check_memory() {
                                                    " MiB (--min-mem-available); retry later"));
 }
 
-StatusOr<PrefixCache::Entry> Engine::sequence_for(const std::vector<int32_t>& prompt) {
-  std::optional<PrefixCache::Entry> hit = cache_.take(prompt);
+StatusOr<PrefixCache::Entry> Engine::sequence_for(const std::vector<int32_t>& prompt, size_t running) {
+  std::optional<PrefixCache::Entry> hit = cache_.take(prompt, running);
   if (metrics_ && cache_.capacity() > 0) metrics_->prefix_lookup(hit.has_value())->Increment();
   if (hit) return std::move(*hit);
   PrefixCache::Entry e;
   e.seq = model_.new_sequence();
   while (e.seq == nullptr && cache_.drop_oldest()) e.seq = model_.new_sequence();
-  if (e.seq == nullptr) return absl::ResourceExhaustedError("no device memory for a new sequence");
   return e;
 }
 
@@ -307,19 +267,69 @@ bool Engine::keeps_copy(const std::vector<int32_t>& prompt) const {
   return false;
 }
 
-// One request on its sequence: the model calls (each appends what it ran to the state's
-// tokens; after a failed one the state is unknown and is not kept), the checks before each,
-// and where the next token comes from. On the CUDA backend it is drawn on the device after the
-// prompt's last chunk and every decode step; logprobs need the logits on the host.
+// One request on its sequence, turn by turn: the model calls (each appends what it ran to the
+// state's tokens; after a failed one the state is unknown and is not kept), the checks before
+// each, and where the next token comes from. On the CUDA backend it is drawn on the device
+// after the prompt's last chunk and every decode step; logprobs need the logits on the host.
+// A prompt that keeps a copy (keeps_copy) runs its last token alone, after the copy of the
+// state before it is taken.
 struct Engine::Run {
-  Run(Engine& engine, Job& j, PrefixCache::Entry s)
-      : e(engine), job(j), state(std::move(s)), out(j.p, engine.tok_),
-        on_device(engine.opt_.device_sampling && engine.model_.draws_on_device() && !j.p.output.logprobs) {}
+  Run(Engine& engine, Job j, PrefixCache::Entry s, Clock::time_point start)
+      : e(engine), job(std::move(j)), state(std::move(s)), out(job.p, engine.tok_),
+        on_device(engine.opt_.device_sampling && engine.model_.draws_on_device() && !job.p.output.logprobs),
+        gen(engine.abort_gen_.load()), started(start), fed(state.tokens.size()),
+        copy(engine.keeps_copy(job.p.prompt)), split(copy ? job.p.prompt.size() - 1 : job.p.prompt.size()) {}
+
+  // One turn: the next prefill chunk (--prefill-chunk tokens, up to the copy's split), or the
+  // last token drawn; after the prompt's last chunk and after every decode step, the next
+  // token is drawn and sent. True when the request has ended (fin filled in).
+  StatusOr<bool> step() {
+    const std::vector<int32_t>& prompt = job.p.prompt;
+    if (fed < prompt.size()) {
+      if (copy && !copied && fed == split) copy_state();
+      const size_t chunk = std::max<uint32_t>(1, e.opt_.prefill_chunk);
+      const size_t end = std::min(fed + chunk, copy && fed < split ? split : prompt.size());
+      RETURN_IF_ERROR(call(std::vector<int32_t>(prompt.begin() + fed, prompt.begin() + end), end == prompt.size()));
+      fed = end;
+      if (fed < prompt.size()) return false;
+      prefill_done = Clock::now();
+      if (e.metrics_) e.metrics_->prefill_time->Observe(seconds(prefill_done - started));
+    } else {
+      RETURN_IF_ERROR(call({next}, true));
+    }
+    return draw();
+  }
+
+  // The next token from the last call's logits (or its device draw), sent to the stream.
+  StatusOr<bool> draw() {
+    TokensEvent ev;
+    const int64_t room = e.model_.config().n_ctx - state.seq->n_past;
+    ASSIGN_OR_RETURN(const bool done, on_device ? out.accept(drawn, room, ev, fin) : out.step(logits, room, ev, fin));
+    next = ev.ids.back();
+    const auto now = Clock::now();
+    const bool first = out.n_generated() == 1;
+    if (first) fin.ttft_s = seconds(now - job.admitted);
+    if (e.metrics_) {
+      e.metrics_->generation_tokens->Increment();
+      (first ? e.metrics_->ttft : e.metrics_->inter_token)->Observe(seconds(now - (first ? job.admitted : last_token)));
+    }
+    last_token = now;
+    job.stream->on_tokens(std::move(ev));
+    if (done) {
+      fin.completion_tokens = static_cast<uint32_t>(out.n_generated());
+      fin.e2e_s = seconds(now - job.admitted);
+      if (e.metrics_) e.metrics_->decode_time->Observe(seconds(now - prefill_done));
+    }
+    return done;
+  }
 
   Status check() const {
     if (job.stream->cancelled()) return absl::CancelledError("the client cancelled the request");
     if (Clock::now() > job.p.deadline) return absl::DeadlineExceededError("the request deadline passed");
-    if (e.abort_) return e.abort_status_;
+    if (e.abort_gen_.load() != gen) {
+      std::lock_guard<std::mutex> l(e.mu_);
+      return e.abort_status_;
+    }
     return absl::OkStatus();
   }
   Status call(const std::vector<int32_t>& tokens, bool last) {
@@ -331,95 +341,139 @@ struct Engine::Run {
     intact = intact && s.ok();
     return s;
   }
-  // Prompt tokens [from, to) in chunks of --prefill-chunk.
-  Status prefill(size_t from, size_t to) {
-    const std::vector<int32_t>& prompt = job.p.prompt;
-    const size_t chunk = std::max<uint32_t>(1, e.opt_.prefill_chunk);
-    for (size_t at = from; at < to; at += chunk) {
-      const size_t n = std::min(chunk, to - at);
-      RETURN_IF_ERROR(call(std::vector<int32_t>(prompt.begin() + at, prompt.begin() + at + n), at + n == prompt.size()));
-    }
-    return absl::OkStatus();
-  }
-  // A copy of the state so far, kept with it afterwards (room made for the copy first).
+  // A copy of the state so far, kept with it afterwards (room made for the running sequences
+  // and the copy first).
   void copy_state() {
-    e.cache_.reserve(2);  // the running sequence and the copy
-    auto copy = e.model_.copy_sequence(*state.seq);
-    if (!copy.ok()) {
-      log::warn("prefix cache: no copy of the prompt's state: %s", std::string(copy.status().message()));
+    copied = true;
+    e.cache_.reserve(e.live_ + 1);
+    auto c = e.model_.copy_sequence(*state.seq);
+    if (!c.ok()) {
+      log::warn("prefix cache: no copy of the prompt's state: %s", std::string(c.status().message()));
       return;
     }
-    checkpoint = PrefixCache::Entry{std::move(*copy), state.tokens};
+    checkpoint = PrefixCache::Entry{std::move(*c), state.tokens};
   }
-  // Into the cache: the copy, then the state (the more recent) unless a call failed.
+  // Into the cache: the copy, then the state (the more recent) unless a call failed; then no
+  // more kept than leaves room for the runs still going.
   void keep() {
     if (checkpoint) e.cache_.put(std::move(*checkpoint));
     if (intact) e.cache_.put(std::move(state));
+    e.cache_.reserve(e.live_ - 1);
     if (e.metrics_) e.metrics_->prefix_cache_tokens->Set(static_cast<double>(e.cache_.tokens()));
   }
 
   Engine& e;
-  Job& job;
+  Job job;
   PrefixCache::Entry state;
   std::optional<PrefixCache::Entry> checkpoint;
   bool intact = true;
   Output out;
   const bool on_device;
+  const uint64_t gen;  // abort_gen_ when it started
   std::vector<float> logits;
-  int32_t drawn = -1;
+  int32_t drawn = -1;  // the device's draw
+  int32_t next = -1;   // the token drawn last, to run next
+  FinalEvent fin;
+  const Clock::time_point started;
+  Clock::time_point prefill_done, last_token;
+  size_t fed;  // prompt tokens the state holds
+  const bool copy;
+  bool copied = false;
+  const size_t split;  // where the copy is taken
 };
 
-// Chunked prefill of what a kept sequence does not already hold, then one token per step until
-// a stop condition; cancellation, deadline and shutdown are checked before every model call.
-// The sequence is kept afterwards (also after a cancellation) unless a model call failed.
-// A prompt that keeps a copy (keeps_copy) runs its last token alone, after the copy of the
-// state before it is taken.
-Status Engine::generate(Job& job, FinalEvent& fin) {
+StatusOr<std::unique_ptr<Engine::Run>> Engine::start(Job& job, size_t running) {
   const GenerateParams& p = job.p;
-  const auto start = Clock::now();
-  fin.queue_s = seconds(start - job.admitted);
+  const auto now = Clock::now();
+  RETURN_IF_ERROR(check_memory());
+  ASSIGN_OR_RETURN(PrefixCache::Entry state, sequence_for(p.prompt, running));
+  if (state.seq == nullptr) return nullptr;
+  FinalEvent fin;
+  fin.queue_s = seconds(now - job.admitted);
   fin.prompt_tokens = static_cast<uint32_t>(p.prompt.size());
   fin.seed = p.sampling.seed;
+  fin.cached_tokens = static_cast<uint32_t>(state.tokens.size());
   if (metrics_) {
     metrics_->queue_time->Observe(fin.queue_s);
     metrics_->prompt_tokens->Increment(static_cast<double>(p.prompt.size()));
     metrics_->prompt_tokens_hist->Observe(static_cast<double>(p.prompt.size()));
+    metrics_->prompt_tokens_cached->Increment(fin.cached_tokens);
   }
-  RETURN_IF_ERROR(check_memory());
-  ASSIGN_OR_RETURN(PrefixCache::Entry state, sequence_for(p.prompt));
-  fin.cached_tokens = static_cast<uint32_t>(state.tokens.size());
-  if (metrics_) metrics_->prompt_tokens_cached->Increment(fin.cached_tokens);
-  Run r(*this, job, std::move(state));
-  absl::Cleanup keep = [&r] { r.keep(); };
-  const bool copy = keeps_copy(p.prompt);
-  const size_t split = copy ? p.prompt.size() - 1 : p.prompt.size();
-  RETURN_IF_ERROR(r.prefill(fin.cached_tokens, split));
-  if (copy) r.copy_state();
-  RETURN_IF_ERROR(r.prefill(split, p.prompt.size()));
-  const auto prefill_done = Clock::now();
-  if (metrics_) metrics_->prefill_time->Observe(seconds(prefill_done - start));
-  auto last_token = prefill_done;
+  auto r = std::make_unique<Run>(*this, std::move(job), std::move(state), now);
+  r->fin = fin;
+  return r;
+}
+
+void Engine::finish(Run& r, const Status& s) {
+  r.keep();
+  if (!s.ok()) {
+    r.job.stream->on_error(s);
+    return;
+  }
+  if (metrics_) {
+    metrics_->finished(finish_reason_name(r.fin.reason));
+    metrics_->e2e->Observe(r.fin.e2e_s);
+    metrics_->generation_tokens_hist->Observe(r.fin.completion_tokens);
+  }
+  r.job.stream->on_final(std::move(r.fin));
+}
+
+bool Engine::admit(std::vector<Job>& starting, size_t running, size_t limit) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [&] { return stop_ || !queue_.empty() || running > 0; });
+  if (stop_ && queue_.empty() && running == 0) return false;
+  while (running + starting.size() < limit && !queue_.empty()) {
+    starting.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+  running_ = running + starting.size();
+  if (metrics_) {
+    metrics_->waiting->Set(static_cast<double>(queue_.size()));
+    metrics_->running->Set(static_cast<double>(running_));
+  }
+  return true;
+}
+
+// The scheduler: admits what fits, then gives every running request one turn, in the order
+// they started.
+void Engine::loop() {
+  std::vector<std::unique_ptr<Run>> runs;
+  bool full = false;  // a sequence did not fit beside the running ones: none starts until one ends
   for (;;) {
-    TokensEvent ev;
-    const int64_t room = model_.config().n_ctx - r.state.seq->n_past;
-    ASSIGN_OR_RETURN(const bool done, r.on_device ? r.out.accept(r.drawn, room, ev, fin) : r.out.step(r.logits, room, ev, fin));
-    const int32_t token = ev.ids.back();
-    const auto now = Clock::now();
-    const bool first = r.out.n_generated() == 1;
-    if (first) fin.ttft_s = seconds(now - job.admitted);
-    if (metrics_) {
-      metrics_->generation_tokens->Increment();
-      (first ? metrics_->ttft : metrics_->inter_token)->Observe(seconds(first ? now - job.admitted : now - last_token));
+    std::vector<Job> starting;
+    if (!admit(starting, runs.size(), full ? runs.size() : std::max<size_t>(1, opt_.max_running))) return;
+    for (size_t i = 0; i < starting.size(); ++i) {
+      live_ = runs.size();
+      StatusOr<std::unique_ptr<Run>> r = start(starting[i], runs.size());
+      if (r.ok() && *r == nullptr && !runs.empty()) {  // back to the queue's front
+        std::lock_guard<std::mutex> l(mu_);
+        for (size_t j = starting.size(); j > i; --j) queue_.push_front(std::move(starting[j - 1]));
+        full = true;
+        break;
+      }
+      if (r.ok() && *r == nullptr) r = absl::ResourceExhaustedError("no device memory for a new sequence");
+      if (r.ok()) {
+        runs.push_back(std::move(*r));
+      } else {
+        starting[i].stream->on_error(r.status());
+      }
     }
-    last_token = now;
-    job.stream->on_tokens(std::move(ev));
-    if (done) break;
-    RETURN_IF_ERROR(r.call({token}, true));
+    live_ = runs.size();
+    for (size_t i = 0; i < runs.size();) {
+      StatusOr<bool> done = runs[i]->step();
+      if (done.ok() && !*done) {
+        ++i;
+        continue;
+      }
+      finish(*runs[i], done.status());
+      runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(i));
+      live_ = runs.size();
+      full = false;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    running_ = runs.size();
+    if (metrics_) metrics_->running->Set(static_cast<double>(running_));
   }
-  fin.completion_tokens = static_cast<uint32_t>(r.out.n_generated());
-  fin.e2e_s = seconds(Clock::now() - job.admitted);
-  if (metrics_) metrics_->decode_time->Observe(seconds(Clock::now() - prefill_done));
-  return absl::OkStatus();
 }
 
 }  // namespace dsflash::engine

@@ -1,10 +1,12 @@
 // The generation engine: a bounded admission queue and one scheduler thread that owns every
 // sequence's state, runs prefill then decode step by step, samples, detokenises (never
 // splitting a UTF-8 character), matches stop strings and token ids, and reports to a Stream.
-// Cancellation and deadlines are checked on every step; a finished, cancelled or expired
-// request's sequence is kept for prefix reuse (prefix_cache.h) or freed at once. Requests are
-// served one after another today; the queue and Stream interfaces do not assume it (batching
-// several sequences per step fits behind them).
+// Up to max_running requests run at once, each on its own sequence, taking turns: a turn is
+// one prefill chunk or one decode step (with its token sent), so a new request's first token
+// waits for one turn of each running request, not for their whole replies. Each sequence runs
+// alone on the model (no batching), so the tokens are those of the request run by itself.
+// Cancellation and deadlines are checked on every turn; a finished, cancelled or expired
+// request's sequence is kept for prefix reuse (prefix_cache.h) or freed at once.
 #pragma once
 
 #include <atomic>
@@ -86,7 +88,11 @@ class Stream {
 };
 
 struct EngineOptions {
-  size_t max_queue = 16;                // waiting requests beyond the running one
+  size_t max_queue = 16;                // waiting requests beyond the running ones
+  // Requests running at once, taking turns on the model (each on a sequence of its own, whose
+  // caches hold memory); 1: one after another. A request that finds no memory for a new
+  // sequence beside the running ones waits in the queue until one ends.
+  size_t max_running = 4;
   uint32_t default_max_new_tokens = 256;
   uint32_t max_stop_strings = 16;
   uint32_t max_stop_bytes = 256;
@@ -98,7 +104,8 @@ struct EngineOptions {
   // Sequences kept after their requests for prefix reuse (prefix_cache.h): a prompt that
   // continues a kept sequence's tokens is prefilled from where they end. With room for two, a
   // prompt may also keep a copy of its state before its last token (prefix_copy). 0: none
-  // kept. On the CPU backend the logits equal a whole prefill's bit for bit; on the CUDA
+  // kept. The running requests' sequences count against it: at most prefix_cache sequences
+  // are kept or running at once (running ones beyond it leave none kept). On the CPU backend the logits equal a whole prefill's bit for bit; on the CUDA
   // backend the kept part was computed by decode steps, whose GEMVs round differently from the
   // prefill's GEMMs (within the golden bounds either way).
   size_t prefix_cache = 2;
@@ -144,12 +151,19 @@ class Engine {
     std::shared_ptr<Stream> stream;
     Clock::time_point admitted;
   };
-  struct Run;  // one request on its sequence (engine.cc)
+  struct Run;  // one request on its sequence, turn by turn (engine.cc)
   void loop();
-  void run(Job& job);
-  Status generate(Job& job, FinalEvent& fin);
-  // The state a request runs on: a kept sequence whose tokens begin its prompt, else a new one.
-  StatusOr<PrefixCache::Entry> sequence_for(const std::vector<int32_t>& prompt);
+  // Jobs from the queue into `starting` while fewer than `limit` run (waits while nothing
+  // runs or waits); false once the engine stops with nothing left to run.
+  bool admit(std::vector<Job>& starting, size_t running, size_t limit);
+  // A job's run: its memory check and its sequence. nullptr (the job left as it was) when no
+  // new sequence fits beside the `running` ones; the job waits for one to end.
+  StatusOr<std::unique_ptr<Run>> start(Job& job, size_t running);
+  // Ends a run: its sequence kept (prefix_cache.h), then its final event or error.
+  void finish(Run& r, const Status& s);
+  // The state a request runs on: a kept sequence whose tokens begin its prompt, else a new one
+  // (nullptr seq: no memory for one beside the `running` ones).
+  StatusOr<PrefixCache::Entry> sequence_for(const std::vector<int32_t>& prompt, size_t running);
   // The memory floor's check (EngineOptions::min_mem_available) before a request starts.
   Status check_memory();
   // Whether a request keeps a copy of its state before its prompt's last token (prefix_copy).
@@ -162,11 +176,13 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
-  bool running_job_ = false;
+  size_t running_ = 0;  // requests started and not yet ended
   bool stop_ = false;
   std::atomic<bool> draining_{false};
-  std::atomic<bool> abort_{false};
+  // abort_all: runs started before it (an older generation) fail with abort_status_.
+  std::atomic<uint64_t> abort_gen_{0};
   Status abort_status_;
+  size_t live_ = 0;                      // runs in progress (the scheduler thread's)
   const std::optional<int32_t> think_;  // the vocabulary's <think> (a thinking-mode prompt's last token)
   PrefixCache cache_;                    // the scheduler thread's
   std::thread thread_;

@@ -5,7 +5,7 @@
 
 namespace dsflash::engine {
 
-std::optional<PrefixCache::Entry> PrefixCache::take(const std::vector<int32_t>& prompt) {
+std::optional<PrefixCache::Entry> PrefixCache::take(const std::vector<int32_t>& prompt, size_t running) {
   auto best = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
     const std::vector<int32_t>& t = it->tokens;
@@ -17,7 +17,7 @@ std::optional<PrefixCache::Entry> PrefixCache::take(const std::vector<int32_t>& 
     entries_.erase(best);
     return e;
   }
-  reserve(1);
+  reserve(running + 1);
   return std::nullopt;
 }
 

@@ -29,8 +29,8 @@ class PrefixCache {
 
   // Takes out the entry whose tokens are the longest proper prefix of `prompt`; nullopt if
   // none. After a miss, drops the least recently kept entries until a new sequence fits in
-  // the capacity beside them.
-  std::optional<Entry> take(const std::vector<int32_t>& prompt);
+  // the capacity beside them and the `running` sequences (which are not kept here).
+  std::optional<Entry> take(const std::vector<int32_t>& prompt, size_t running = 0);
   // Keeps `e` as the most recent (nothing with capacity 0). Its sequence must cover its tokens.
   void put(Entry e);
   // Drops the least recently kept entries until `live` more sequences fit in the capacity.

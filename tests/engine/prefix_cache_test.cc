@@ -4,14 +4,10 @@
 // for bit, as the same request prefilled whole.
 #include "inference_svc/engine/prefix_cache.h"
 
-#include <future>
 #include <mutex>
 
-#include "common/gguf/gguf.h"
 #include "gtest/gtest.h"
-#include "inference_svc/engine/engine.h"
-#include "tests/test_util.h"
-#include "tools/dsflash/synth_model.h"
+#include "tests/engine/engine_on_tiny_model.h"
 
 namespace dsflash::engine {
 namespace {
@@ -70,102 +66,10 @@ TEST(PrefixCache, KeepsOnlyWhatItMayAndDropsTheOldest) {
   EXPECT_FALSE(off.take({1, 2}).has_value());
 }
 
-// Collects a request's events; wait() returns once it ended.
-struct Collector : Stream {
-  std::vector<int32_t> ids;
-  std::vector<TokenLogprob> logprobs;
-  FinalEvent fin;
-  Status error;
-  size_t cancel_after = 0;  // cancels once this many tokens came (0: never)
-  std::promise<void> done;
-  void on_tokens(TokensEvent e) override {
-    ids.insert(ids.end(), e.ids.begin(), e.ids.end());
-    logprobs.insert(logprobs.end(), e.logprobs.begin(), e.logprobs.end());
-  }
-  void on_final(FinalEvent e) override {
-    fin = std::move(e);
-    done.set_value();
-  }
-  void on_error(Status s) override {
-    error = std::move(s);
-    done.set_value();
-  }
-  bool cancelled() const override { return cancel_after > 0 && ids.size() >= cancel_after; }
-};
-
-class PrefixReuse : public ::testing::Test {
+class PrefixReuse : public EngineOnTinyModel {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir();
-    const std::string path = dir_->file("tiny.gguf");
-    ASSERT_TRUE(tools::write_synthetic_model(tools::SynthOptions{}, path, 1).ok());
-    file_ = std::move(*gguf::Model::open(path)).release();
-    model_ = std::move(*model::Model::load(*file_)).release();
-    tok_ = std::move(*tok::Tokenizer::from_gguf(*file_)).release();
-  }
-  static void TearDownTestSuite() {
-    delete tok_;
-    delete model_;
-    delete file_;
-    delete dir_;
-  }
-
-  static std::unique_ptr<Engine> engine(size_t kept, EngineOptions o = {}) {
-    o.prefix_cache = kept;
-    o.prefill_chunk = 7;  // chunks that straddle the kept prefix's end
-    return std::make_unique<Engine>(*model_, *tok_, nullptr, o);
-  }
-  static GenerateParams params(std::vector<int32_t> prompt, uint32_t n, uint64_t seed) {
-    GenerateParams p;
-    p.prompt = std::move(prompt);
-    p.sampling.temperature = 0.9f;
-    p.sampling.seed = seed;
-    p.seed_given = true;
-    p.stop.max_new_tokens = n;
-    p.stop.ignore_eos = true;
-    p.output.logprobs = true;
-    p.output.top_logprobs = 3;
-    return p;
-  }
-  static std::shared_ptr<Collector> run(Engine& e, GenerateParams p, size_t cancel_after = 0) {
-    auto c = std::make_shared<Collector>();
-    c->cancel_after = cancel_after;
-    EXPECT_TRUE(e.validate(p).ok());
-    EXPECT_TRUE(e.submit(std::move(p), c).ok());
-    c->done.get_future().wait();
-    return c;
-  }
-  static std::vector<int32_t> tokens(const std::string& text) { return *tok_->encode(text); }
-  static std::vector<int32_t> cat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  }
-  // The same request on an engine that keeps nothing.
-  static void expect_same_as_fresh(const GenerateParams& p, const Collector& got) {
-    auto fresh = engine(0);
-    const auto want = run(*fresh, p);
-    ASSERT_TRUE(want->error.ok()) << want->error;
-    EXPECT_EQ(want->fin.cached_tokens, 0u);
-    EXPECT_EQ(got.ids, want->ids);
-    ASSERT_EQ(got.logprobs.size(), want->logprobs.size());
-    for (size_t i = 0; i < got.logprobs.size(); ++i) {
-      EXPECT_EQ(got.logprobs[i].logprob, want->logprobs[i].logprob) << i;
-      EXPECT_EQ(got.logprobs[i].top_ids, want->logprobs[i].top_ids) << i;
-      EXPECT_EQ(got.logprobs[i].top_logprobs, want->logprobs[i].top_logprobs) << i;
-    }
-  }
-
   void second_turn_continues_the_first(size_t kept);
-
-  static testing::TempDir* dir_;
-  static gguf::Model* file_;
-  static model::Model* model_;
-  static tok::Tokenizer* tok_;
 };
-testing::TempDir* PrefixReuse::dir_ = nullptr;
-gguf::Model* PrefixReuse::file_ = nullptr;
-model::Model* PrefixReuse::model_ = nullptr;
-tok::Tokenizer* PrefixReuse::tok_ = nullptr;
 
 // A chat's second turn re-sends the first prompt and reply: only the rest is prefilled, and
 // the contexts are long enough (past the window and the indexer's top-k) for every cache of

@@ -430,18 +430,40 @@ TEST(ServiceLoading, UnavailableUntilLoaded) {
   EXPECT_TRUE(run_stream(server.stub(), greedy("late", 2)).status.ok());
 }
 
+// A short request sent while a long one streams finishes first (they take turns), with the
+// tokens it gets when it runs alone.
+TEST(ServiceScheduling, AShortRequestIsNotHeldBehindALongOne) {
+  ServerProcess server;
+  ASSERT_TRUE(server.ready()) << server.log();
+  auto long_run = std::async(std::launch::async, [&] {
+    return run_stream(server.stub(), greedy("long", 1000), std::chrono::milliseconds(3000));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto short_run = run_stream(server.stub(), greedy("short", 5));
+  ASSERT_TRUE(short_run.status.ok()) << short_run.status.error_message();
+  EXPECT_EQ(long_run.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << "the long one ended first";
+  long_run.wait();
+  const auto alone = run_stream(server.stub(), greedy("short", 5));
+  ASSERT_TRUE(alone.status.ok());
+  EXPECT_EQ(short_run.ids(), alone.ids());
+}
+
+// Two running (--max-running 2) and one waiting (--max-queue 1): a fourth is refused.
 TEST(ServiceAdmission, QueueFullIsResourceExhausted) {
-  ServerProcess server({"--max-queue", "1"});
+  ServerProcess server({"--max-queue", "1", "--max-running", "2"});
   ASSERT_TRUE(server.ready()) << server.log();
   auto long_stream = [&] { return run_stream(server.stub(), greedy("long", 1000), std::chrono::milliseconds(4000)); };
-  auto a = std::async(std::launch::async, long_stream);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  auto b = std::async(std::launch::async, long_stream);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<std::future<StreamResult>> longs;
+  for (int i = 0; i < 3; ++i) {
+    longs.push_back(std::async(std::launch::async, long_stream));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  const std::string m = server.metrics();
+  EXPECT_EQ(metric_value(m, "llm_num_requests_running"), 2);
+  EXPECT_EQ(metric_value(m, "llm_num_requests_waiting"), 1);
   const auto c = run_stream(server.stub(), greedy("more", 10));
   EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << c.status.error_message();
-  a.wait();
-  b.wait();
+  for (auto& f : longs) f.wait();
   EXPECT_NE(server.metrics().find("llm_admission_rejections_total{reason=\"queue_full\"} 1"), std::string::npos);
   // Streams that ended by deadline or cancellation leave nothing behind: the server exits at once.
   const auto t0 = std::chrono::steady_clock::now();

@@ -137,7 +137,7 @@ TEST(Load, EveryRequestEndsOnceAndMemoryReturnsToBaseline) {
   if (!kAsan) {
     EXPECT_LT(last - baseline, 32 * 1024) << "RSS grew from " << baseline << " kB to " << last << " kB";
   }
-  std::printf("REPORT load: %d rounds x %d concurrent requests (streams and unary, admission bound 1 running + 4 queued): "
+  std::printf("REPORT load: %d rounds x %d concurrent requests (streams and unary, admission bound 4 running (the default) + 4 queued): "
               "%d completed, %d RESOURCE_EXHAUSTED with push-back, 0 lost or duplicated; server RSS %ld kB after "
               "warm-up, %ld kB after the last round\n",
               kRounds, kClients, ok, rejected, baseline, last);
