@@ -2,7 +2,10 @@
 // tokens drawn on the device (the default) against the same requests drawn on the host
 // (--sampling host) by a second process on the same model: greedy, temperature with top-k,
 // top-p and min-p, penalties, and min_new_tokens (EOS banned until then). Both draw from the
-// same seeded uniforms on the same device logits, so the tokens must agree.
+// same seeded uniforms on the same device logits, so the tokens must agree. Also prefix reuse,
+// and requests taking turns (--max-running) against the same requests run alone.
+#include <future>
+
 #include "absl/strings/str_format.h"
 #include "kernels/exec.h"
 #include "tests/service/server_process.h"
@@ -131,6 +134,31 @@ TEST(ServiceCuda, PrefixReuseContinuesKeptSequences) {
   ASSERT_TRUE(c.status.ok() && want_c.status.ok());
   EXPECT_EQ(c.events.back().final().usage().cached_tokens(), static_cast<uint32_t>(last));
   same_first(c, want_c);
+}
+
+// Requests taking turns on the device (--max-running 3): each sequence's graphs, caches and
+// draws are its own, so each streams what it streams alone on the same server.
+TEST(ServiceCuda, RequestsTakingTurnsGetWhatTheyGetAlone) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA device";
+  ServerProcess server({"--backend", "cuda", "--max-running", "3", "--prefix-cache", "0"});
+  ASSERT_TRUE(server.ready()) << server.log();
+  std::vector<GenerateRequest> reqs;
+  for (const char* text : {"Rivers and seas", "Numbers, one by one, up to forty", "A third"}) {
+    GenerateRequest r = request(0.0f, 0, 1.0f, 0.0f, 9);
+    r.set_prompt(text);
+    reqs.push_back(r);
+  }
+  reqs[1].mutable_sampling()->set_temperature(0.8f);  // a seeded draw on the device too
+  std::vector<std::future<StreamResult>> together;
+  for (const auto& r : reqs) {
+    together.push_back(std::async(std::launch::async, [&server, r] { return run_stream(server.stub(), r); }));
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const StreamResult got = together[i].get();
+    const StreamResult alone = run_stream(server.stub(), reqs[i]);
+    ASSERT_TRUE(got.status.ok() && alone.status.ok()) << i << ": " << got.status.error_message();
+    EXPECT_EQ(got.ids(), alone.ids()) << "request " << i;
+  }
 }
 
 }  // namespace
