@@ -41,6 +41,17 @@ Status stream_sync(const ExecCtx& ctx);
 // Device memory from the stream-ordered pool (kept cached: no return to the driver at sync).
 StatusOr<void*> device_alloc(const ExecCtx& ctx, size_t bytes);
 void device_free(const ExecCtx& ctx, void* p);
+// What the device reports free and in all (cudaMemGetInfo; on GB10 the unified memory, whose
+// free figure the driver estimates).
+struct DeviceMemory {
+  uint64_t free = 0, total = 0;
+};
+StatusOr<DeviceMemory> device_memory();
+// Returns to the driver what the pools keep of freed memory: the stream-ordered pool's free
+// blocks and the graphs' freed memory (after waiting for the device). device_alloc keeps them
+// for reuse, so freeing a sequence alone gives nothing back to the rest of the system, which
+// on GB10 is the host's memory.
+Status release_cached_memory();
 
 enum class Copy { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 // Pageable host memory is allowed (a host source may be reused on return; a host destination

@@ -229,6 +229,11 @@ Status Engine::check_memory() {
               *avail / 1048576.0, opt_.min_mem_available / 1048576.0, cache_.size());
     cache_.clear();
     if (metrics_) metrics_->prefix_cache_tokens->Set(0);
+    // The device pools keep what the sequences freed for reuse; on GB10 that memory is the
+    // host's, so it goes back to the driver before MemAvailable is read again.
+    if (const Status r = model_.release_memory(); !r.ok()) {
+      log::warn("host memory: the freed sequences' device memory was not given back: %s", std::string(r.message()));
+    }
     avail = opt_.mem_available();
   }
   if (!avail.ok()) {

@@ -7,6 +7,7 @@
 #include "inference_svc/model/call.h"
 #include "inference_svc/model/device_model.h"
 #include "inference_svc/model/weights.h"
+#include "kernels/exec.h"
 #include "kernels/hc/hc.h"
 #include "kernels/norm/norm.h"
 
@@ -96,6 +97,10 @@ std::unique_ptr<Sequence> Model::new_sequence() const {
     }
   }
   return s;
+}
+
+Status Model::release_memory() const {
+  return device_ != nullptr ? kernels::release_cached_memory() : absl::OkStatus();
 }
 
 StatusOr<std::unique_ptr<Sequence>> Model::copy_sequence(const Sequence& seq) const {

@@ -161,6 +161,9 @@ class Model {
   // A copy of `seq` that goes on independently of it, on either backend (prefix reuse keeps a
   // prompt's state before its last token this way).
   StatusOr<std::unique_ptr<Sequence>> copy_sequence(const Sequence& seq) const;
+  // CUDA backend: gives the device memory of freed sequences (kept by the allocation pools for
+  // reuse) back to the driver, so that on GB10 the host sees it again; nothing on the CPU.
+  Status release_memory() const;
 
   // Runs `tokens` at positions seq.n_past...: a prefill (seq empty), a further prefill chunk,
   // or one decode token. The reference supports only the first and the last; a chunk does

@@ -12,6 +12,8 @@ void stream_destroy(void*) {}
 Status stream_sync(const ExecCtx&) { return no_cuda(); }
 StatusOr<void*> device_alloc(const ExecCtx&, size_t) { return no_cuda(); }
 void device_free(const ExecCtx&, void*) {}
+StatusOr<DeviceMemory> device_memory() { return no_cuda(); }
+Status release_cached_memory() { return no_cuda(); }
 Status copy(const ExecCtx&, Copy, void*, const void*, size_t) { return no_cuda(); }
 Status copy_2d(const ExecCtx&, void*, size_t, const void*, size_t, size_t, size_t) { return no_cuda(); }
 Status fill_zero(const ExecCtx&, void*, size_t) { return no_cuda(); }

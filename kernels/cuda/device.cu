@@ -132,6 +132,23 @@ void device_free(const ExecCtx& ctx, void* p) {
   if (p != nullptr) cudaFreeAsync(p, cuda::stream_of(ctx));
 }
 
+StatusOr<DeviceMemory> device_memory() {
+  size_t free = 0, total = 0;
+  CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+  return DeviceMemory{free, total};
+}
+
+Status release_cached_memory() {
+  int dev = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // frees issued on streams have taken effect
+  cudaMemPool_t pool;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, dev));
+  CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool, 0));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGraphMemTrim(dev));
+  return absl::OkStatus();
+}
+
 Status copy(const ExecCtx& ctx, Copy kind, void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   const cudaMemcpyKind k = kind == Copy::kHostToDevice   ? cudaMemcpyHostToDevice

@@ -13,6 +13,7 @@
 #include "common/gguf/gguf.h"
 #include "gtest/gtest.h"
 #include "inference_svc/model/model.h"
+#include "kernels/exec.h"
 #include "tests/golden_data.h"
 #include "tests/model/golden_checks.h"
 #include "tests/test_util.h"
@@ -171,6 +172,42 @@ TEST_F(GoldenCuda, CopiedSequenceGoesOnAsTheOriginal) {
     }
   }
   gpu_->set_decode_graphs(true);
+}
+
+// The device memory of freed sequences goes back to the driver on release_memory (the
+// engine's memory floor relies on it: on GB10 the device's memory is the host's). Freeing
+// alone gives nothing back (the pools keep it for reuse).
+TEST_F(GoldenCuda, ReleaseMemoryGivesFreedSequencesBack) {
+  const auto tokens = Golden::get().ints("prompt.len41.tokens");
+  auto steps = [&](Sequence& seq) {
+    std::vector<float> logits;
+    ASSERT_TRUE(gpu_->forward(seq, std::vector<int32_t>(tokens.begin(), tokens.begin() + 17), false, &logits).ok());
+    for (size_t i = 17; i < 29; ++i) ASSERT_TRUE(gpu_->forward(seq, {tokens[i]}, false, &logits).ok());
+  };
+  steps(*gpu_->new_sequence());  // what the model allocates once, on first use
+  ASSERT_TRUE(gpu_->release_memory().ok());
+  auto before = kernels::device_memory();
+  ASSERT_TRUE(before.ok()) << before.status();
+  StatusOr<kernels::DeviceMemory> held = absl::UnknownError("not read");
+  {
+    auto a = gpu_->new_sequence();
+    auto b = gpu_->new_sequence();
+    steps(*a);
+    steps(*b);
+    held = kernels::device_memory();
+    ASSERT_TRUE(held.ok());
+  }
+  auto freed = kernels::device_memory();
+  ASSERT_TRUE(gpu_->release_memory().ok());
+  auto back = kernels::device_memory();
+  ASSERT_TRUE(freed.ok() && back.ok());
+  constexpr uint64_t kMiB = 1 << 20;
+  std::printf("two sequences held %.1f MiB; freed, %.1f MiB came back; released, %.1f MiB\n",
+              (before->free - held->free) / double(kMiB), (double(freed->free) - held->free) / kMiB,
+              (double(back->free) - held->free) / kMiB);
+  EXPECT_LT(held->free, before->free);
+  EXPECT_LT(freed->free, back->free);
+  EXPECT_GE(back->free + 2 * kMiB, before->free);
 }
 
 TEST_F(GoldenCuda, RefusesWhatItCannotDo) {

@@ -20,6 +20,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/gguf/gguf.h"
@@ -242,6 +243,28 @@ void kernel_rows(const std::vector<kernels::KernelTime>& times, const std::strin
   }
 }
 
+// Device memory one sequence holds after the prompt and n_decode graph steps (its caches and
+// graphs and the scratch the pools keep; the pools emptied first), and how much comes back
+// once it is freed and Model::release_memory has run (MiB).
+StatusOr<std::pair<double, double>> sequence_memory(model::Model& m, int64_t n_prompt, int64_t n_decode) {
+  RETURN_IF_ERROR(m.release_memory());
+  ASSIGN_OR_RETURN(const kernels::DeviceMemory before, kernels::device_memory());
+  kernels::DeviceMemory held;
+  {
+    auto seq = m.new_sequence();
+    if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
+    std::vector<float> logits;
+    RETURN_IF_ERROR(m.forward(*seq, bench_prompt(m, n_prompt), false, &logits));
+    for (int64_t i = 0; i < n_decode; ++i) RETURN_IF_ERROR(m.forward(*seq, {greedy_next(logits)}, false, &logits));
+    ASSIGN_OR_RETURN(held, kernels::device_memory());
+  }
+  RETURN_IF_ERROR(m.release_memory());
+  ASSIGN_OR_RETURN(const kernels::DeviceMemory back, kernels::device_memory());
+  constexpr double kMiB = 1 << 20;
+  return std::make_pair((static_cast<double>(before.free) - held.free) / kMiB,
+                        (static_cast<double>(back.free) - held.free) / kMiB);
+}
+
 // --profile-step: one graph decode step, warmed by the prompt and n_decode steps, in the
 // profiler's range.
 Status profile_step(model::Model& m, int64_t n_prompt, int64_t n_decode) {
@@ -317,6 +340,9 @@ Status run(const Args& a) {
       rows.push_back({on_device ? "decode_step_sampled_on_device_ms_median" : "decode_step_sampled_on_host_ms_median",
                       ms, "ms (T=1 top_p=0.95)"});
     }
+    ASSIGN_OR_RETURN(const auto mem, sequence_memory(*m, n_prompt, n_decode));
+    rows.push_back({"sequence_device_mib", mem.first, "MiB (a sequence after the prompt and the decode steps)"});
+    rows.push_back({"sequence_device_mib_released", mem.second, "MiB (back once freed and released)"});
     ASSIGN_OR_RETURN(const auto phases, decode_profile(*m, std::min<int64_t>(n_prompt, 64), std::min<int64_t>(n_decode, 16)));
     for (const auto& [name, ms] : phases) rows.push_back({"decode_phase_" + name + "_ms", ms, "ms (synchronised)"});
     ASSIGN_OR_RETURN(const auto decode_k,
