@@ -30,33 +30,6 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
-Engine::Engine(const model::Model& model, const tok::Tokenizer& tok, Metrics* metrics, EngineOptions options)
-    : model_(model),
-      tok_(tok),
-      metrics_(metrics),
-      opt_(std::move(options)),
-      think_(tok.find(tok::kTokThink)),
-      cache_(opt_.prefix_cache) {
-  if (!opt_.mem_available) {
-    opt_.mem_available = []() -> StatusOr<uint64_t> {
-      ASSIGN_OR_RETURN(const host::MemInfo m, host::read_meminfo());
-      return m.available;
-    };
-  }
-  if (metrics_) metrics_->queue_capacity->Set(static_cast<double>(opt_.max_queue));
-  thread_ = std::thread([this] { loop(); });
-}
-
-Engine::~Engine() {
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    stop_ = true;
-  }
-  abort_all(absl::UnavailableError("the server is shutting down"));
-  cv_.notify_all();
-  thread_.join();
-}
-
 Status Engine::validate(GenerateParams& p) const {
   const int64_t V = model_.config().n_vocab, ctx = model_.config().n_ctx;
   if (p.prompt.empty()) return invalid("prompt", "empty: give prompt text, token ids or chat messages");
@@ -350,7 +323,7 @@ struct Engine::Run {
   // and the copy first).
   void copy_state() {
     copied = true;
-    e.cache_.reserve(e.live_ + 1);
+    e.cache_.reserve(e.runs_.size() + 1);
     auto c = e.model_.copy_sequence(*state.seq);
     if (!c.ok()) {
       log::warn("prefix cache: no copy of the prompt's state: %s", std::string(c.status().message()));
@@ -363,7 +336,7 @@ struct Engine::Run {
   void keep() {
     if (checkpoint) e.cache_.put(std::move(*checkpoint));
     if (intact) e.cache_.put(std::move(state));
-    e.cache_.reserve(e.live_ - 1);
+    e.cache_.reserve(e.runs_.size() - 1);
     if (e.metrics_) e.metrics_->prefix_cache_tokens->Set(static_cast<double>(e.cache_.tokens()));
   }
 
@@ -442,15 +415,13 @@ bool Engine::admit(std::vector<Job>& starting, size_t running, size_t limit) {
 // The scheduler: admits what fits, then gives every running request one turn, in the order
 // they started.
 void Engine::loop() {
-  std::vector<std::unique_ptr<Run>> runs;
   bool full = false;  // a sequence did not fit beside the running ones: none starts until one ends
   for (;;) {
     std::vector<Job> starting;
-    if (!admit(starting, runs.size(), full ? runs.size() : std::max<size_t>(1, opt_.max_running))) return;
+    if (!admit(starting, runs_.size(), full ? runs_.size() : std::max<size_t>(1, opt_.max_running))) return;
     for (size_t i = 0; i < starting.size(); ++i) {
-      live_ = runs.size();
-      StatusOr<std::unique_ptr<Run>> r = start(starting[i], runs.size());
-      if (r.ok() && *r == nullptr && !runs.empty()) {  // back to the queue's front
+      StatusOr<std::unique_ptr<Run>> r = start(starting[i], runs_.size());
+      if (r.ok() && *r == nullptr && !runs_.empty()) {  // back to the queue's front
         std::lock_guard<std::mutex> l(mu_);
         for (size_t j = starting.size(); j > i; --j) queue_.push_front(std::move(starting[j - 1]));
         full = true;
@@ -458,27 +429,53 @@ void Engine::loop() {
       }
       if (r.ok() && *r == nullptr) r = absl::ResourceExhaustedError("no device memory for a new sequence");
       if (r.ok()) {
-        runs.push_back(std::move(*r));
+        runs_.push_back(std::move(*r));
       } else {
         starting[i].stream->on_error(r.status());
       }
     }
-    live_ = runs.size();
-    for (size_t i = 0; i < runs.size();) {
-      StatusOr<bool> done = runs[i]->step();
+    for (size_t i = 0; i < runs_.size();) {
+      StatusOr<bool> done = runs_[i]->step();
       if (done.ok() && !*done) {
         ++i;
         continue;
       }
-      finish(*runs[i], done.status());
-      runs.erase(runs.begin() + static_cast<std::ptrdiff_t>(i));
-      live_ = runs.size();
+      finish(*runs_[i], done.status());  // while it still counts among the running
+      runs_.erase(runs_.begin() + static_cast<std::ptrdiff_t>(i));
       full = false;
     }
     std::lock_guard<std::mutex> l(mu_);
-    running_ = runs.size();
+    running_ = runs_.size();
     if (metrics_) metrics_->running->Set(static_cast<double>(running_));
   }
+}
+
+// Defined after Run: runs_ holds them.
+Engine::Engine(const model::Model& model, const tok::Tokenizer& tok, Metrics* metrics, EngineOptions options)
+    : model_(model),
+      tok_(tok),
+      metrics_(metrics),
+      opt_(std::move(options)),
+      think_(tok.find(tok::kTokThink)),
+      cache_(opt_.prefix_cache) {
+  if (!opt_.mem_available) {
+    opt_.mem_available = []() -> StatusOr<uint64_t> {
+      ASSIGN_OR_RETURN(const host::MemInfo m, host::read_meminfo());
+      return m.available;
+    };
+  }
+  if (metrics_) metrics_->queue_capacity->Set(static_cast<double>(opt_.max_queue));
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    stop_ = true;
+  }
+  abort_all(absl::UnavailableError("the server is shutting down"));
+  cv_.notify_all();
+  thread_.join();
 }
 
 }  // namespace dsflash::engine

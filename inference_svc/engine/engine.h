@@ -105,9 +105,10 @@ struct EngineOptions {
   // continues a kept sequence's tokens is prefilled from where they end. With room for two, a
   // prompt may also keep a copy of its state before its last token (prefix_copy). 0: none
   // kept. The running requests' sequences count against it: at most prefix_cache sequences
-  // are kept or running at once (running ones beyond it leave none kept). On the CPU backend the logits equal a whole prefill's bit for bit; on the CUDA
-  // backend the kept part was computed by decode steps, whose GEMVs round differently from the
-  // prefill's GEMMs (within the golden bounds either way).
+  // are kept or running at once (running ones beyond it leave none kept). On the CPU backend
+  // the logits equal a whole prefill's bit for bit; on the CUDA backend the kept part was
+  // computed by decode steps, whose GEMVs round differently from the prefill's GEMMs (within
+  // the golden bounds either way).
   size_t prefix_cache = 2;
   // Which prompts keep that copy. Taking it runs the prompt's last token alone (a pass over the
   // weights of its own, a decode step's time) and copies the caches; it serves a next turn
@@ -182,7 +183,7 @@ class Engine {
   // abort_all: runs started before it (an older generation) fail with abort_status_.
   std::atomic<uint64_t> abort_gen_{0};
   Status abort_status_;
-  size_t live_ = 0;                      // runs in progress (the scheduler thread's)
+  std::vector<std::unique_ptr<Run>> runs_;  // running, in the order they started (the scheduler thread's)
   const std::optional<int32_t> think_;  // the vocabulary's <think> (a thinking-mode prompt's last token)
   PrefixCache cache_;                    // the scheduler thread's
   std::thread thread_;
