@@ -1,6 +1,6 @@
-// Sparse attention of one decode row on the tensor cores (docs/cuda-backend.md, Next item 5):
-// all heads share each KV row (one KV head, V = K), so a chunk of 64 list entries is two small
-// GEMMs, logits = Q K^T and the chunk's value sum P V, on bf16 m16n8k16 with fp32 sums. Every
+// Sparse attention on the tensor cores (docs/cuda-backend.md, Next item 5), for a decode row and
+// for the rows of a prefill chunk alike (each row on its own clusters): all heads share each KV
+// row (one KV head, V = K), so a chunk of 64 list entries is two small GEMMs, logits = Q K^T and the chunk's value sum P V, on bf16 m16n8k16 with fp32 sums. Every
 // operand is a bf16 value (q after wq_b and the RoPE's rounding, the rows after their QDQ, p
 // rounded as the reference does), so each product is exact and only the order of the fp32 sums
 // differs from the split kernels' (sparse_split.cu): the value sums' within a chunk too.
@@ -37,6 +37,7 @@ constexpr int kChunksCta = 2;         // chunks a CTA takes at most (lists of up
 constexpr int kMaxChunks = kMaxCluster * kChunksCta;
 static_assert(kWideCluster == kMaxChunks, "a wide cluster takes a chunk a CTA");
 constexpr int kRopeTc = kChunkTc;     // RoPE dims it takes: a head's fit a logit row
+constexpr int64_t kMaxRowsTc = 65535;  // query rows a launch takes (the grid's z)
 // Head dims it takes: the model's 512 and the golden model's 64 (a warp's share of the value sums
 // is whole n8 tiles).
 constexpr bool head_dim_tc(int64_t Dh) { return Dh == 512 || Dh == 64; }
@@ -81,18 +82,19 @@ __host__ __device__ inline ChunkMap chunk_map(int64_t width, int cluster) {
 }
 
 struct TcArgs {
-  const float* q;  // [H][Dh], before RoPE
+  const float* q;  // [S][H][Dh], before RoPE
+  int64_t S;       // query rows (row t at position pos0 + t)
   int H;
   const float* kv_a;
   int64_t n_a;
   const float* kv_b;
-  const int32_t* idx;  // [width - win.ww]
+  const int32_t* idx;  // [S][width - win.ww]
   int64_t width;
   const float* sink;
   float scale;
   RopeArgs rope;
   WindowArgs win;
-  float* o;  // [H][Dh]
+  float* o;  // [S][H][Dh]
   int cluster;  // the most CTAs a cluster: kMaxCluster or kWideCluster
 };
 
@@ -119,12 +121,14 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t& b0, uint32_t& b1, co
                : "r"(smem_addr(row)));
 }
 
-// q of heads h0 .. h0 + 15 as bf16 (exact: wq_b's values); then its RoPE dims, read again and
-// rotated (rotate_pair rounds them to bf16) in a rolled loop: sincosf is long, and this code
-// runs once a CTA (every instruction of it an instruction-cache miss).
+// q of row t's heads h0 .. h0 + 15 as bf16 (exact: wq_b's values); then its RoPE dims, read
+// again and rotated at position pos0 + t (rotate_pair rounds them to bf16) in a rolled loop:
+// sincosf is long, and this code runs once a CTA (every instruction of it an instruction-cache
+// miss).
 template <int Dh>
-__device__ __forceinline__ void load_q(const TcArgs& a, int h0, TcSmem<Dh>& s) {
-  const float4* src = reinterpret_cast<const float4*>(a.q + static_cast<int64_t>(h0) * Dh);
+__device__ __forceinline__ void load_q(const TcArgs& a, int64_t t, int h0, TcSmem<Dh>& s) {
+  const float* q_row = a.q + t * a.H * Dh;
+  const float4* src = reinterpret_cast<const float4*>(q_row + static_cast<int64_t>(h0) * Dh);
   constexpr int kIters = kHeadsTc * Dh / 4 / kThreadsTc;
   float4 v[kIters];  // every load in flight before the first store
 #pragma unroll
@@ -142,27 +146,28 @@ __device__ __forceinline__ void load_q(const TcArgs& a, int h0, TcSmem<Dh>& s) {
   if (rope.freqs == nullptr) return;
   __syncthreads();  // the unrotated values written
   const int tail0 = Dh - 2 * rope.half, heads = min(kHeadsTc, a.H - h0);
-  const float at = static_cast<float>(cuda::scalar_value(rope.pos0_value, rope.pos0_dev));
+  const float at = static_cast<float>(cuda::scalar_value(rope.pos0_value, rope.pos0_dev) + t);
 #pragma unroll 1
   for (int i = threadIdx.x; i < heads * rope.half; i += kThreadsTc) {
     const int h = i / rope.half, p = i % rope.half, d = tail0 + 2 * p;
-    const float* qp = a.q + static_cast<int64_t>(h0 + h) * Dh + d;
+    const float* qp = q_row + static_cast<int64_t>(h0 + h) * Dh + d;
     float t[2] = {qp[0], qp[1]};
     rope::detail::rotate_pair(t, 0, at * rope.freqs[p], false);
     *reinterpret_cast<__nv_bfloat162*>(&s.q[h][d]) = __floats2bfloat162_rn(t[0], t[1]);
   }
 }
 
-// The chunk's rows (null: no entry) and, as bf16, their values (zeros for none); returns how
-// many entries the chunk has.
+// Chunk c of row t's list: its rows (null: no entry) and, as bf16, their values (zeros for
+// none); returns how many entries the chunk has.
 template <int Dh>
-__device__ __forceinline__ int load_rows(const TcArgs& a, int c, TcSmem<Dh>& s) {
+__device__ __forceinline__ int load_rows(const TcArgs& a, int64_t t, int c, TcSmem<Dh>& s) {
   const WindowArgs win = a.win;
   const int64_t e0 = static_cast<int64_t>(c) * kChunkTc, pos0 = win.ww > 0 ? cuda::scalar_value(win.pos0_value, win.pos0_dev) : 0;
   const int cn = static_cast<int>(min(static_cast<int64_t>(kChunkTc), a.width - e0));
   if (threadIdx.x < kChunkTc) {
     const int k = static_cast<int>(threadIdx.x);
-    s.rows[k] = k < cn ? kv_row(a.kv_a, a.n_a, a.kv_b, Dh, list_entry(win, pos0, 1, 0, a.idx, e0 + k)) : nullptr;
+    const int32_t* list = a.idx + t * (a.width - win.ww);
+    s.rows[k] = k < cn ? kv_row(a.kv_a, a.n_a, a.kv_b, Dh, list_entry(win, pos0, a.S, t, list, e0 + k)) : nullptr;
   }
   __syncthreads();
   // Loads in batches of 16 a thread (64 KB in flight a CTA), each batch's loads issued before its
@@ -321,9 +326,10 @@ __device__ __forceinline__ void merge_factors(const TcArgs& a, int h0, int chunk
 // in chunk order, divided by L and rounded; dims below the RoPE's go out, the RoPE's are rotated
 // back first (stashed in the logits' space).
 template <int Dh>
-__device__ __forceinline__ void write_out(const cg::cluster_group& cluster, const TcArgs& a, int h0, ChunkMap map,
-                                          TcSmem<Dh>& s) {
+__device__ __forceinline__ void write_out(const cg::cluster_group& cluster, const TcArgs& a, int64_t t, int h0,
+                                          ChunkMap map, TcSmem<Dh>& s) {
   const int c = static_cast<int>(cluster.block_rank()), n = static_cast<int>(cluster.num_blocks());
+  float* o_row = a.o + t * a.H * Dh;
   const RopeArgs rope = a.rope;
   const int tail = rope.freqs != nullptr ? 2 * rope.half : 0, tail0 = Dh - tail;
   const int mine = (min(kHeadsTc, a.H - h0) - c + n - 1) / n;  // heads c + j n < H - h0
@@ -355,7 +361,7 @@ __device__ __forceinline__ void write_out(const cg::cluster_group& cluster, cons
                           __bfloat162float(__float2bfloat16_rn(__fdiv_rn(acc.w, L)))};
     for (int e = 0; e < 4; ++e) {
       if (d + e < tail0) {
-        a.o[static_cast<int64_t>(h0 + h) * Dh + d + e] = out[e];
+        o_row[static_cast<int64_t>(h0 + h) * Dh + d + e] = out[e];
       } else {
         stash[j * tail + d + e - tail0] = out[e];
       }
@@ -363,12 +369,12 @@ __device__ __forceinline__ void write_out(const cg::cluster_group& cluster, cons
   }
   if (tail == 0) return;
   __syncthreads();
-  const float at = static_cast<float>(cuda::scalar_value(rope.pos0_value, rope.pos0_dev));
+  const float at = static_cast<float>(cuda::scalar_value(rope.pos0_value, rope.pos0_dev) + t);
   for (int it = threadIdx.x; it < mine * rope.half; it += kThreadsTc) {
     const int j = it / rope.half, p = it % rope.half;
     float* pair = stash + j * tail + 2 * p;
     rope::detail::rotate_pair(pair, 0, at * rope.freqs[p], true);
-    float* o = a.o + static_cast<int64_t>(h0 + c + j * n) * Dh + tail0 + 2 * p;
+    float* o = o_row + static_cast<int64_t>(h0 + c + j * n) * Dh + tail0 + 2 * p;
     o[0] = pair[0], o[1] = pair[1];
   }
 }
@@ -376,14 +382,14 @@ __device__ __forceinline__ void write_out(const cg::cluster_group& cluster, cons
 // The value sums of the CTA's chunks q0 .. q0 + mine - 1 (mine <= 2) into its part slots: the
 // last chunk's rows are still in shared memory, the first's are gathered again.
 template <int Dh>
-__device__ __forceinline__ void values_of_chunks(const TcArgs& a, int q0, int mine, const int (&cn)[kChunksCta],
-                                                 TcSmem<Dh>& s) {
+__device__ __forceinline__ void values_of_chunks(const TcArgs& a, int64_t t, int q0, int mine,
+                                                 const int (&cn)[kChunksCta], TcSmem<Dh>& s) {
   ValueTiles<Dh> last, first;
   chunk_probs(s, mine - 1, mine == 2 ? cn[1] : cn[0]);
   chunk_values(s, last);
   if (mine == 2) {
     __syncthreads();  // every warp done with the rows and p
-    load_rows(a, q0, s);
+    load_rows(a, t, q0, s);
     chunk_probs(s, 0, cn[0]);
     chunk_values(s, first);
   }
@@ -392,9 +398,9 @@ __device__ __forceinline__ void values_of_chunks(const TcArgs& a, int q0, int mi
   if (mine == 2) store_part(s, 0, first);
 }
 
-// grid (n, ceil(H / kHeadsTc)), a cluster of n CTAs along x: CTA c takes chunks per c .. per c +
-// per - 1 of the row's list (per = ceil(chunks / a.cluster), n = ceil(chunks / per)) for heads 16
-// blockIdx.y ... (past H: zeros, no output).
+// grid (n, ceil(H / kHeadsTc), S), a cluster of n CTAs along x: CTA c takes chunks per c .. per
+// c + per - 1 of row blockIdx.z's list (per = ceil(chunks / a.cluster), n = ceil(chunks / per))
+// for heads 16 blockIdx.y ... (past H: zeros, no output).
 template <int Dh>
 __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_constant__ TcArgs a) {
   cuda::await_inputs();
@@ -404,11 +410,12 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   const ChunkMap map = chunk_map(a.width, a.cluster);
   const int q0 = map.per * static_cast<int>(blockIdx.x), mine = min(map.per, map.chunks - q0);
   const int h0 = kHeadsTc * static_cast<int>(blockIdx.y);
-  load_q(a, h0, s);
+  const int64_t t = blockIdx.z;
+  load_q(a, t, h0, s);
   int cn[kChunksCta] = {0, 0};
 #pragma unroll 1  // one copy of the code: it runs once a CTA (instruction-cache misses)
   for (int j = 0; j < mine; ++j) {
-    const int n_j = load_rows(a, q0 + j, s);
+    const int n_j = load_rows(a, t, q0 + j, s);
     cn[0] = j == 0 ? n_j : cn[0], cn[1] = j == 1 ? n_j : cn[1];
     chunk_logits(a, j, s);
   }
@@ -417,7 +424,7 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   __syncthreads();
   running_max(s, q0, mine);
   __syncthreads();
-  values_of_chunks(a, q0, mine, cn, s);
+  values_of_chunks(a, t, q0, mine, cn, s);
   cluster.sync();  // every chunk's value sums and sums written
   gather(cluster, &TcSmem<Dh>::psum, s, s.psum_all, map);
   if (threadIdx.x < map.chunks) {
@@ -428,7 +435,7 @@ __global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_c
   __syncthreads();
   merge_factors(a, h0, map.chunks, s);
   __syncthreads();
-  write_out(cluster, a, h0, map, s);
+  write_out(cluster, a, t, h0, map, s);
   cluster.sync();  // no CTA leaves while another reads its shared memory
 }
 
@@ -507,9 +514,12 @@ int tc_cluster() {
 bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, const float* q, const float* kv_a,
                 const float* kv_b) {
   static const bool on = cuda::env_int("DSF_ATTN_TC", 1) != 0;  // DSF_ATTN_TC=0: the split kernels (measurement)
+  // DSF_ATTN_TC_ROWS=0: one-row calls only, the rows of a prefill chunk on the split kernels
+  // (measurement).
+  static const bool rows = cuda::env_int("DSF_ATTN_TC_ROWS", 1) != 0;
   const int64_t chunks = (width + kChunkTc - 1) / kChunkTc;  // not chunk_map's: width may be past int
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return on && S == 1 && head_dim_tc(Dh) && 2 * rope_half <= std::min<int64_t>(kRopeTc, Dh) && H >= 1 && chunks >= 1 &&
+  return on && S >= 1 && S <= kMaxRowsTc && (S == 1 || rows) && head_dim_tc(Dh) && 2 * rope_half <= std::min<int64_t>(kRopeTc, Dh) && H >= 1 && chunks >= 1 &&
          chunks <= kMaxChunks && aligned(q) && aligned(kv_a) && (kv_b == nullptr || aligned(kv_b)) &&
          (Dh == 512 ? device_runs_tc<512>() : device_runs_tc<64>());
 }
@@ -519,17 +529,18 @@ Status launch_tc(cudaStream_t st, TcArgs args) {
   args.cluster = tc_cluster<Dh>();
   const unsigned n = static_cast<unsigned>(chunk_map(args.width, args.cluster).ctas());
   const unsigned groups = static_cast<unsigned>((args.H + kHeadsTc - 1) / kHeadsTc);
+  const unsigned rows = static_cast<unsigned>(args.S);
   return cuda::launch(sparse_tc_kernel<Dh>,
-                      cuda::LaunchParams{dim3(n, groups), dim3(kThreadsTc), sizeof(TcSmem<Dh>), st, n}, args);
+                      cuda::LaunchParams{dim3(n, groups, rows), dim3(kThreadsTc), sizeof(TcSmem<Dh>), st, n}, args);
 }
 
-Status sparse_attn_tc(cudaStream_t st, const float* q, int H, int64_t Dh, const float* kv_a, int64_t n_a,
+Status sparse_attn_tc(cudaStream_t st, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a, int64_t n_a,
                       const float* kv_b, const int32_t* idx, int64_t width, const float* sink, float scale, float* o,
                       const RopeArgs& rope, const WindowArgs& win) {
-  if (!tc_applies(1, H, Dh, width, rope.freqs != nullptr ? rope.half : 0, q, kv_a, kv_b)) {
+  if (!tc_applies(S, H, Dh, width, rope.freqs != nullptr ? rope.half : 0, q, kv_a, kv_b)) {
     return absl::InternalError("sparse_attn_tc: a call it does not take");
   }
-  const TcArgs args{q, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o, kMaxCluster};
+  const TcArgs args{q, S, H, kv_a, n_a, kv_b, idx, width, sink, scale, rope, win, o, kMaxCluster};
   return Dh == 512 ? launch_tc<512>(st, args) : launch_tc<64>(st, args);
 }
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 
 #include "common/config/config.h"
 #include "common/gguf/gguf.h"
@@ -169,6 +170,62 @@ TEST_F(ModelOpsCuda, WideClusterAttentionEqualsThePortableOne) {
     const std::vector<float> a = to_host(wide, q.size()), b = to_host(portable, q.size());
     ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "width " << width;
     for (float v : a) ASSERT_TRUE(std::isfinite(v)) << "width " << width;
+  }
+}
+
+// The rows of a prefill chunk on the tensor-core kernel (sparse_tc.cu) each give what a call of
+// that row alone gives, bit for bit: row t's q, list and RoPE position pos0 + t (lists of 1 to 16
+// chunks, whole chunks of no entry, a row with none at all; heads in sixteens and not). The
+// property is the tensor-core kernel's: skipped where a switch keeps rows off it.
+TEST_F(ModelOpsCuda, AttentionRowsOnTheTensorCoresEqualOneRowCalls) {
+  for (const char* off : {"DSF_ATTN_TC", "DSF_ATTN_TC_ROWS"}) {
+    const char* v = std::getenv(off);
+    if (v != nullptr && std::string(v) == "0") GTEST_SKIP() << off << "=0";
+  }
+  std::mt19937 rng(41);
+  const int dims = 64;
+  std::vector<float> freqs(dims / 2);
+  for (int i = 0; i < dims / 2; ++i) freqs[i] = std::pow(10000.0f, -2.0f * i / dims);
+  const float* df = dev(freqs);
+  struct Case {
+    int64_t S;
+    int H;
+    int64_t Dh, width;
+  };
+  for (const Case c : {Case{5, 64, 512, 640}, Case{3, 64, 512, 64}, Case{4, 32, 512, 1024}, Case{2, 16, 512, 300},
+                       Case{6, 20, 64, 200}, Case{7, 4, 64, 65}}) {
+    const int64_t n_rows = 1100, pos0 = 777;
+    const std::vector<float> q = bf16_normal(rng, c.S * c.H * c.Dh, 0.3f), kv = bf16_normal(rng, n_rows * c.Dh);
+    const std::vector<float> sink = bf16_normal(rng, c.H);
+    std::vector<int32_t> idx(static_cast<size_t>(c.S * c.width));
+    for (int64_t t = 0; t < c.S; ++t) {
+      for (int64_t e = 0; e < c.width; ++e) {
+        const bool none = t == 1 || (e >= 64 && e < 128) || rng() % 7 == 0;
+        idx[t * c.width + e] = none ? -1 : static_cast<int32_t>(rng() % n_rows);
+      }
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.Dh));
+    const float *d_q = dev(q), *d_kv = dev(kv), *d_sink = dev(sink);
+    const int32_t* d_idx = dev(idx);
+    const int64_t n_a = 300, per_row = c.H * c.Dh;
+    float *rows = dev(nan_vec(q.size())), *alone = dev(nan_vec(q.size()));
+    const attn::AttnRope rope{df, dims, kernels::DevScalar(pos0)};
+    ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), d_q, c.S, c.H, c.Dh, d_kv, n_a, d_kv + n_a * c.Dh, d_idx, c.width, d_sink,
+                                       scale, rows, &rope)
+                    .ok());
+    for (int64_t t = 0; t < c.S; ++t) {
+      const attn::AttnRope at{df, dims, kernels::DevScalar(pos0 + t)};
+      ASSERT_TRUE(attn::sparse_attn_cuda(ctx(), d_q + t * per_row, 1, c.H, c.Dh, d_kv, n_a, d_kv + n_a * c.Dh,
+                                         d_idx + t * c.width, c.width, d_sink, scale, alone + t * per_row, &at)
+                      .ok());
+    }
+    sync();
+    const std::vector<float> a = to_host(rows, q.size()), b = to_host(alone, q.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(quant::f32_bits(a[i]), quant::f32_bits(b[i]))
+          << "S=" << c.S << " H=" << c.H << " Dh=" << c.Dh << " width=" << c.width << " [" << i << "]";
+      ASSERT_TRUE(std::isfinite(a[i])) << "[" << i << "]";
+    }
   }
 }
 
