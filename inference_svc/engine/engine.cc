@@ -141,7 +141,15 @@ class Output {
     d.penalties = sampler_.penalties();
     d.edits = kernels::sample::make_edits(generated_, banned(), d.penalties);
     d.u01 = sampler_.next_uniform();
+    d.top_logprobs = p_.output.logprobs ? static_cast<int>(p_.output.top_logprobs) : -1;
     return d;
+  }
+  // Takes a device draw into `ev`: its log-probabilities where asked for (device_draw), then
+  // the token as step() does after its draw.
+  StatusOr<bool> accept_drawn(int32_t token, const kernels::sample::DrawLogprobs& lp, int64_t room, TokensEvent& ev,
+                              FinalEvent& fin) {
+    if (p_.output.logprobs) ev.logprobs.push_back(Sampler::logprobs(token, lp));
+    return accept(token, room, ev, fin);
   }
   // Takes the drawn token into `ev`: as step() after its draw.
   StatusOr<bool> accept(int32_t token, int64_t room, TokensEvent& ev, FinalEvent& fin) {
@@ -248,13 +256,13 @@ bool Engine::keeps_copy(const std::vector<int32_t>& prompt) const {
 // One request on its sequence, turn by turn: the model calls (each appends what it ran to the
 // state's tokens; after a failed one the state is unknown and is not kept), the checks before
 // each, and where the next token comes from. On the CUDA backend it is drawn on the device
-// after the prompt's last chunk and every decode step; logprobs need the logits on the host.
+// after the prompt's last chunk and every decode step, with its log-probabilities where asked.
 // A prompt that keeps a copy (keeps_copy) runs its last token alone, after the copy of the
 // state before it is taken.
 struct Engine::Run {
   Run(Engine& engine, Job j, PrefixCache::Entry s, Clock::time_point start)
       : e(engine), job(std::move(j)), state(std::move(s)), out(job.p, engine.tok_),
-        on_device(engine.opt_.device_sampling && engine.model_.draws_on_device() && !job.p.output.logprobs),
+        on_device(engine.opt_.device_sampling && engine.model_.draws_on_device()),
         gen(engine.abort_gen_.load()), started(start), fed(state.tokens.size()),
         copy(engine.keeps_copy(job.p.prompt)), split(copy ? job.p.prompt.size() - 1 : job.p.prompt.size()) {}
 
@@ -282,7 +290,8 @@ struct Engine::Run {
   StatusOr<bool> draw() {
     TokensEvent ev;
     const int64_t room = e.model_.config().n_ctx - state.seq->n_past;
-    ASSIGN_OR_RETURN(const bool done, on_device ? out.accept(drawn, room, ev, fin) : out.step(logits, room, ev, fin));
+    ASSIGN_OR_RETURN(const bool done, on_device ? out.accept_drawn(drawn, drawn_logprobs, room, ev, fin)
+                                                : out.step(logits, room, ev, fin));
     next = ev.ids.back();
     const auto now = Clock::now();
     const bool first = out.n_generated() == 1;
@@ -313,7 +322,7 @@ struct Engine::Run {
   Status call(const std::vector<int32_t>& tokens, bool last) {
     RETURN_IF_ERROR(check());
     model::Sequence& seq = *state.seq;
-    const Status s = last && on_device ? e.model_.forward_draw(seq, tokens, out.device_draw(), &drawn)
+    const Status s = last && on_device ? e.model_.forward_draw(seq, tokens, out.device_draw(), &drawn, &drawn_logprobs)
                                        : e.model_.forward(seq, tokens, false, &logits);
     if (s.ok()) state.tokens.insert(state.tokens.end(), tokens.begin(), tokens.end());
     intact = intact && s.ok();
@@ -350,6 +359,7 @@ struct Engine::Run {
   const uint64_t gen;  // abort_gen_ when it started
   std::vector<float> logits;
   int32_t drawn = -1;  // the device's draw
+  kernels::sample::DrawLogprobs drawn_logprobs;  // and its log-probabilities (where asked)
   int32_t next = -1;   // the token drawn last, to run next
   FinalEvent fin;
   const Clock::time_point started;

@@ -134,14 +134,13 @@ int32_t Sampler::sample(std::vector<float>& logits, const std::vector<int32_t>& 
   return c.id(std::min(c.cross(next_uniform() * total, n), n - 1));
 }
 
-TokenLogprob Sampler::logprobs(const std::vector<float>& raw, int32_t chosen, uint32_t top_n) {
+kernels::sample::DrawLogprobs Sampler::raw_logprobs(const std::vector<float>& raw, int32_t chosen, uint32_t top_n) {
+  kernels::sample::DrawLogprobs d;
   const float mx = *std::max_element(raw.begin(), raw.end());
   double sum = 0;
   for (float l : raw) sum += std::exp(static_cast<double>(l - mx));
-  const float lse = mx + static_cast<float>(std::log(sum));
-  TokenLogprob out;
-  out.token = chosen;
-  out.logprob = raw[chosen] - lse;
+  d.lse = mx + static_cast<float>(std::log(sum));
+  d.chosen_logit = raw[chosen];
   if (top_n > 0) {
     std::vector<int32_t> ids(raw.size());
     std::iota(ids.begin(), ids.end(), 0);
@@ -150,11 +149,24 @@ TokenLogprob Sampler::logprobs(const std::vector<float>& raw, int32_t chosen, ui
       return raw[a] > raw[b] || (raw[a] == raw[b] && a < b);
     });
     for (size_t i = 0; i < n; ++i) {
-      out.top_ids.push_back(ids[i]);
-      out.top_logprobs.push_back(raw[ids[i]] - lse);
+      d.top_ids.push_back(ids[i]);
+      d.top_logits.push_back(raw[ids[i]]);
     }
   }
+  return d;
+}
+
+TokenLogprob Sampler::logprobs(int32_t chosen, const kernels::sample::DrawLogprobs& d) {
+  TokenLogprob out;
+  out.token = chosen;
+  out.logprob = d.chosen_logit - d.lse;
+  out.top_ids = d.top_ids;
+  for (float l : d.top_logits) out.top_logprobs.push_back(l - d.lse);
   return out;
+}
+
+TokenLogprob Sampler::logprobs(const std::vector<float>& raw, int32_t chosen, uint32_t top_n) {
+  return logprobs(chosen, raw_logprobs(raw, chosen, top_n));
 }
 
 }  // namespace dsflash::engine

@@ -46,6 +46,10 @@ class Sampler {
   double next_uniform() { return p_.temperature > 0.0f ? std::generate_canonical<double, 53>(rng_) : 0.0; }
   // Log-softmax of raw logits: the chosen token's value and the top-n alternatives.
   static TokenLogprob logprobs(const std::vector<float>& raw, int32_t chosen, uint32_t top_n);
+  // The same from what a draw reports (the device sampler's, or raw_logprobs'): logit - lse each.
+  static TokenLogprob logprobs(int32_t chosen, const kernels::sample::DrawLogprobs& d);
+  // What the device sampler reports for raw logits, computed here.
+  static kernels::sample::DrawLogprobs raw_logprobs(const std::vector<float>& raw, int32_t chosen, uint32_t top_n);
 
   using Candidate = std::pair<float, int32_t>;  // (logit, id)
 

@@ -314,7 +314,13 @@ Status DeviceModel::deliver(DeviceSequence& ds, float* logits, int64_t rows, con
   }
   const DeviceDraw& d = *out.draw;
   // The logits are the pass's own buffer: the draw's edits change them in place.
-  ASSIGN_OR_RETURN(*out.token, ds.sampler->draw(logits + (rows - 1) * V, V, d.edits, d.penalties, d.params, d.u01));
+  float* last = logits + (rows - 1) * V;
+  if (d.top_logprobs >= 0) {
+    ASSIGN_OR_RETURN(*out.token, ds.sampler->draw_logprobs(last, V, d.edits, d.penalties, d.params, d.u01,
+                                                            d.top_logprobs, out.logprobs));
+  } else {
+    ASSIGN_OR_RETURN(*out.token, ds.sampler->draw(last, V, d.edits, d.penalties, d.params, d.u01));
+  }
   return absl::OkStatus();
 }
 

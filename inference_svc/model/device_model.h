@@ -186,6 +186,7 @@ struct DeviceOut {
   std::vector<float>* logits = nullptr;
   const DeviceDraw* draw = nullptr;
   int32_t* token = nullptr;
+  kernels::sample::DrawLogprobs* logprobs = nullptr;  // draw->top_logprobs >= 0: the draw's
 };
 
 class DeviceModel {

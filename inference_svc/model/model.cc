@@ -210,10 +210,13 @@ Status Model::device_forward(Sequence& seq, const std::vector<int32_t>& tokens, 
   return absl::OkStatus();
 }
 
-Status Model::forward_draw(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceDraw& draw,
-                           int32_t* token) const {
+Status Model::forward_draw(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceDraw& draw, int32_t* token,
+                           kernels::sample::DrawLogprobs* logprobs) const {
   if (!device_) return absl::FailedPreconditionError("forward_draw: device sampling needs the CUDA backend");
-  return device_forward(seq, tokens, DeviceOut{false, nullptr, &draw, token});
+  if (draw.top_logprobs >= 0 && logprobs == nullptr) {
+    return absl::InvalidArgumentError("forward_draw: log-probabilities asked for with nowhere to put them");
+  }
+  return device_forward(seq, tokens, DeviceOut{false, nullptr, &draw, token, logprobs});
 }
 
 Status Model::forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits,

@@ -129,6 +129,9 @@ struct DeviceDraw {
   kernels::sample::Penalties penalties;
   std::vector<kernels::sample::Edit> edits;  // ascending ids
   double u01 = 0;                            // the draw's uniform in [0, 1)
+  // >= 0: the draw's log-probabilities come back too (forward_draw's `logprobs`), with this
+  // many alternatives (at most kernels::sample::DeviceSampler::kMaxTopLogprobs).
+  int top_logprobs = -1;
 };
 
 // Called with every named intermediate (e.g. "L3.attn.norm_out", rows x cols values); the
@@ -176,8 +179,10 @@ class Model {
   // Whether forward_draw is available: the CUDA backend.
   bool draws_on_device() const { return device_ != nullptr; }
   // As forward, but the last position's token is drawn on the device and only it comes back:
-  // no copy of the logits, no host pass over the vocabulary. FailedPrecondition on the CPU.
-  Status forward_draw(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceDraw& draw, int32_t* token) const;
+  // no copy of the logits, no host pass over the vocabulary; with draw.top_logprobs >= 0 its
+  // log-probabilities too, into `logprobs`. FailedPrecondition on the CPU.
+  Status forward_draw(Sequence& seq, const std::vector<int32_t>& tokens, const DeviceDraw& draw, int32_t* token,
+                      kernels::sample::DrawLogprobs* logprobs = nullptr) const;
 
  private:
   struct Call;   // per-forward scratch shared between layers (published top-k, candidates)

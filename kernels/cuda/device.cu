@@ -14,14 +14,20 @@
 namespace dsflash::kernels {
 namespace {
 
+// The current device and its default (stream-ordered) pool.
+Status default_pool(int* dev, cudaMemPool_t* pool) {
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(dev));
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(pool, *dev));
+  return absl::OkStatus();
+}
+
 // The default pool returns freed memory to the driver at every synchronisation unless told
 // to keep it: keep it, so per-step scratch costs no driver calls after the first step.
 Status keep_pool_memory() {
   static const Status once = []() -> Status {
     int dev = 0;
-    CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
     cudaMemPool_t pool;
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, dev));
+    RETURN_IF_ERROR(default_pool(&dev, &pool));
     uint64_t keep = UINT64_MAX;
     CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     return absl::OkStatus();
@@ -140,10 +146,9 @@ StatusOr<DeviceMemory> device_memory() {
 
 Status release_cached_memory() {
   int dev = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&dev));
-  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // frees issued on streams have taken effect
   cudaMemPool_t pool;
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, dev));
+  RETURN_IF_ERROR(default_pool(&dev, &pool));
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // frees issued on streams have taken effect
   CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool, 0));
   CUDA_RETURN_IF_ERROR(cudaDeviceGraphMemTrim(dev));
   return absl::OkStatus();

@@ -196,17 +196,93 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) *out = ids[i < n ? i : n - 1];
 }
 
+// A draw's log-probabilities on the device (DrawLogprobs), copied back in one piece.
+struct LogprobStats {
+  int32_t token;
+  float chosen, lse;
+  int32_t n;
+  int32_t ids[DeviceSampler::kMaxTopLogprobs];
+  float logits[DeviceSampler::kMaxTopLogprobs];
+};
+
+// The raw copy of the logits takes the edits' bans only (the penalties are the draw's).
+__global__ void ban_kernel(float* raw, const Edit* edits, int n) {
+  cuda::await_inputs();
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n && edits[i].banned != 0) raw[edits[i].id] = -INFINITY;
+}
+
+// One block: lse as the host computes it (the max, then exp(logit - max) in double summed in the
+// block's tree order) and the top_n logits, pass k taking the largest below pass k - 1's pick
+// in (logit descending, id ascending) order. NaN logits take no part.
+__global__ void __launch_bounds__(kArgmaxThreads)
+    logprob_stats_kernel(const float* raw, int64_t V, int top_n, LogprobStats* out) {
+  cuda::await_inputs();
+  using MaxOf = cub::BlockReduce<float, kArgmaxThreads>;
+  using SumOf = cub::BlockReduce<double, kArgmaxThreads>;
+  using BestIn = cub::BlockReduce<Best, kArgmaxThreads>;
+  __shared__ union {
+    typename MaxOf::TempStorage max;
+    typename SumOf::TempStorage sum;
+    typename BestIn::TempStorage best;
+  } tmp;
+  __shared__ float s_max;
+  __shared__ Best s_pick;
+  float m = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += kArgmaxThreads) m = fmaxf(m, raw[i]);
+  m = MaxOf(tmp.max).Reduce(m, ::cuda::maximum<>{});
+  if (threadIdx.x == 0) s_max = m;
+  __syncthreads();
+  m = s_max;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < V; i += kArgmaxThreads) sum += exp(static_cast<double>(raw[i] - m));
+  __syncthreads();
+  sum = SumOf(tmp.sum).Sum(sum);
+  if (threadIdx.x == 0) {
+    out->lse = m + static_cast<float>(log(sum));
+    out->n = top_n;
+  }
+  Best prev{INFINITY, -1};
+  for (int k = 0; k < top_n; ++k) {
+    Best best{0.0f, -1};
+    for (int64_t i = threadIdx.x; i < V; i += kArgmaxThreads) {
+      const float v = raw[i];
+      const bool below = prev.at < 0 || v < prev.v || (v == prev.v && i > prev.at);
+      if (below && !isnan(v) && (best.at < 0 || v > best.v)) best = Best{v, i};
+    }
+    __syncthreads();
+    best = BestIn(tmp.best).Reduce(best, BestOf{});
+    if (threadIdx.x == 0) s_pick = best;
+    __syncthreads();
+    prev = s_pick;
+    if (threadIdx.x == 0) {
+      out->ids[k] = static_cast<int32_t>(prev.at);
+      out->logits[k] = prev.v;
+    }
+  }
+}
+
+// The drawn id and its logit in the raw copy.
+__global__ void chosen_kernel(const float* raw, const int32_t* token, int64_t V, LogprobStats* out) {
+  cuda::await_inputs();
+  const int32_t t = *token;
+  out->token = t;
+  out->chosen = t >= 0 && t < V ? raw[t] : NAN;
+}
+
 class CudaSampler final : public DeviceSampler {
  public:
   CudaSampler(const ExecCtx& ctx, int64_t V) : ctx_(ctx), cap_(V) {}
   ~CudaSampler() override {
     for (void* p : {static_cast<void*>(keys_), static_cast<void*>(keys_sorted_), static_cast<void*>(ids_),
                     static_cast<void*>(ids_sorted_), static_cast<void*>(bsum_), temp_,
-                    static_cast<void*>(edits_d_), static_cast<void*>(token_d_)}) {
+                    static_cast<void*>(edits_d_), static_cast<void*>(token_d_), static_cast<void*>(raw_),
+                    static_cast<void*>(stats_d_)}) {
       if (p != nullptr) device_free(ctx_, p);
     }
     host_free_pinned(edits_h_);
     host_free_pinned(token_h_);
+    host_free_pinned(stats_h_);
   }
 
   Status init() {
@@ -223,6 +299,10 @@ class CudaSampler final : public DeviceSampler {
     ASSIGN_OR_RETURN(token_d_, alloc<int32_t>(1));
     ASSIGN_OR_RETURN(void* th, host_alloc_pinned(sizeof(int32_t)));
     token_h_ = static_cast<int32_t*>(th);
+    ASSIGN_OR_RETURN(raw_, alloc<float>(cap_));
+    ASSIGN_OR_RETURN(stats_d_, alloc<LogprobStats>(1));
+    ASSIGN_OR_RETURN(void* sh, host_alloc_pinned(sizeof(LogprobStats)));
+    stats_h_ = static_cast<LogprobStats*>(sh);
     return absl::OkStatus();
   }
 
@@ -230,6 +310,45 @@ class CudaSampler final : public DeviceSampler {
                          const Params& p, double u01) override {
     RETURN_IF_ERROR(check(V, edits, p, u01));
     RETURN_IF_ERROR(apply(logits, edits, pen));
+    RETURN_IF_ERROR(pick(logits, V, p, u01));
+    RETURN_IF_ERROR(copy(ctx_, Copy::kDeviceToHost, token_h_, token_d_, sizeof(int32_t)));
+    RETURN_IF_ERROR(stream_sync(ctx_));
+    return checked(*token_h_, V);
+  }
+
+  StatusOr<int32_t> draw_logprobs(float* logits, int64_t V, const std::vector<Edit>& edits, const Penalties& pen,
+                                  const Params& p, double u01, int top_n, DrawLogprobs* out) override {
+    RETURN_IF_ERROR(check(V, edits, p, u01));
+    if (top_n < 0 || top_n > kMaxTopLogprobs || top_n > V) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("device sampler: ", top_n, " top log-probabilities (0 to ", std::min<int64_t>(kMaxTopLogprobs, V), ")"));
+    }
+    const cudaStream_t st = stream();
+    RETURN_IF_ERROR(copy(ctx_, Copy::kDeviceToDevice, raw_, logits, static_cast<size_t>(V) * sizeof(float)));
+    RETURN_IF_ERROR(apply(logits, edits, pen));
+    if (!edits.empty()) {
+      const int n = static_cast<int>(edits.size());
+      RETURN_IF_ERROR(cuda::launch(ban_kernel, cuda::LaunchParams{dim3((n + 255) / 256), dim3(256), 0, st}, raw_,
+                                   edits_d_, n));
+    }
+    RETURN_IF_ERROR(cuda::launch(logprob_stats_kernel, cuda::LaunchParams{dim3(1), dim3(kArgmaxThreads), 0, st}, raw_,
+                                 V, top_n, stats_d_));
+    RETURN_IF_ERROR(pick(logits, V, p, u01));
+    RETURN_IF_ERROR(cuda::launch(chosen_kernel, cuda::LaunchParams{dim3(1), dim3(1), 0, st}, raw_, token_d_, V, stats_d_));
+    RETURN_IF_ERROR(copy(ctx_, Copy::kDeviceToHost, stats_h_, stats_d_, sizeof(LogprobStats)));
+    RETURN_IF_ERROR(stream_sync(ctx_));
+    const LogprobStats& r = *stats_h_;
+    ASSIGN_OR_RETURN(const int32_t token, checked(r.token, V));
+    out->chosen_logit = r.chosen;
+    out->lse = r.lse;
+    out->top_ids.assign(r.ids, r.ids + top_n);
+    out->top_logits.assign(r.logits, r.logits + top_n);
+    return token;
+  }
+
+ private:
+  // Enqueues the pick of one id from the edited logits into token_d_.
+  Status pick(const float* logits, int64_t V, const Params& p, double u01) {
     const cudaStream_t st = stream();
     const auto blocks = [](int64_t n) { return dim3(static_cast<unsigned>((n + kThreads - 1) / kThreads)); };
     if (p.temperature <= 0.0f) {
@@ -248,15 +367,16 @@ class CudaSampler final : public DeviceSampler {
       RETURN_IF_ERROR(cuda::launch(pick_kernel, cuda::LaunchParams{dim3(1), dim3(kThreads), smem, st}, keys_sorted_,
                                    ids_sorted_, n0, bsum_, p, u01, token_d_));
     }
-    RETURN_IF_ERROR(copy(ctx_, Copy::kDeviceToHost, token_h_, token_d_, sizeof(int32_t)));
-    RETURN_IF_ERROR(stream_sync(ctx_));
-    if (*token_h_ < 0 || *token_h_ >= V) {
-      return absl::InternalError(absl::StrCat("device sampler: picked id ", *token_h_, " outside the vocabulary"));
-    }
-    return *token_h_;
+    return absl::OkStatus();
   }
 
- private:
+  static StatusOr<int32_t> checked(int32_t token, int64_t V) {
+    if (token < 0 || token >= V) {
+      return absl::InternalError(absl::StrCat("device sampler: picked id ", token, " outside the vocabulary"));
+    }
+    return token;
+  }
+
   cudaStream_t stream() const { return cuda::stream_of(ctx_); }
   template <typename T>
   StatusOr<T*> alloc(int64_t n) {
@@ -313,6 +433,9 @@ class CudaSampler final : public DeviceSampler {
   size_t edits_cap_ = 0;
   int32_t* token_d_ = nullptr;
   int32_t* token_h_ = nullptr;
+  float* raw_ = nullptr;  // draw_logprobs: the logits before the draw's edits
+  LogprobStats* stats_d_ = nullptr;
+  LogprobStats* stats_h_ = nullptr;
 };
 
 }  // namespace

@@ -55,6 +55,16 @@ void apply_edits(float* logits, const std::vector<Edit>& edits, const Penalties&
 // Greedy: the first id of the largest logit.
 int32_t argmax(const float* logits, int64_t V);
 
+// The log-probabilities a request asks for at a draw, of its logits before the draw's
+// penalties with its banned ids at -inf: id j's is logits[j] - lse. The engine's host sampler
+// and the device sampler (sample_cuda.h) both report them this way.
+struct DrawLogprobs {
+  float chosen_logit = 0;          // the drawn id's logit
+  float lse = 0;                   // max + float(log(sum of exp(logit - max) in double))
+  std::vector<int32_t> top_ids;    // the top_n largest logits, descending (ties: lower id first)
+  std::vector<float> top_logits;   // and their logits
+};
+
 // Steps 2-3 above for T > 0, walked over a full sort of the vocabulary: the definition the
 // faster samplers are tested against, not a serving path (~15 ms at 129k ids).
 int32_t draw_reference(const float* logits, int64_t V, const Params& p, double u01);

@@ -22,7 +22,7 @@ namespace dsflash::kernels::sample {
 
 class DeviceSampler {
  public:
-  // Scratch for vocabularies of up to V ids in device memory (~17 bytes an id), on ctx's
+  // Scratch for vocabularies of up to V ids in device memory (~21 bytes an id), on ctx's
   // stream; V at most 2^20. FailedPrecondition in a build without CUDA.
   static StatusOr<std::unique_ptr<DeviceSampler>> create(const ExecCtx& ctx, int64_t V);
   virtual ~DeviceSampler() = default;
@@ -30,6 +30,15 @@ class DeviceSampler {
   // id as sample.h defines (u01 unused when greedy) and returns it. Synchronises ctx's stream.
   virtual StatusOr<int32_t> draw(float* logits, int64_t V, const std::vector<Edit>& edits, const Penalties& pen,
                                  const Params& p, double u01) = 0;
+  // Alternatives a draw_logprobs reports at most.
+  static constexpr int kMaxTopLogprobs = 64;
+  // As draw, and the draw's log-probabilities (sample.h's DrawLogprobs: of the logits before the
+  // penalties, banned ids at -inf) with the top_n (0..kMaxTopLogprobs) largest: one block's max,
+  // sum of exp in double (a fixed tree order: the host sums in id order, so lse agrees to
+  // rounding) and top_n passes of its argmax below the last pick. Synchronises ctx's stream once.
+  virtual StatusOr<int32_t> draw_logprobs(float* logits, int64_t V, const std::vector<Edit>& edits,
+                                          const Penalties& pen, const Params& p, double u01, int top_n,
+                                          DrawLogprobs* out) = 0;
 };
 
 }  // namespace dsflash::kernels::sample

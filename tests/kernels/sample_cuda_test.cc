@@ -1,11 +1,15 @@
 // The device sampler (kernels/sample/sample_cuda.h) against the definition on the host
 // (sample.h): edits bit for bit, greedy picks, and seeded draws at odd and real vocabulary
-// sizes over flat, peaked and tied logits with every filter.
+// sizes over flat, peaked and tied logits with every filter; a draw's log-probabilities against
+// the engine's host sampler (inference_svc/engine/sampler.h).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <tuple>
 
+#include "inference_svc/engine/sampler.h"
 #include "kernels/sample/sample_cuda.h"
 #include "tests/kernels/cuda_test_util.h"
 
@@ -106,6 +110,58 @@ TEST_F(SampleCudaTest, DrawsMatchTheDefinition) {
     }
   }
   EXPECT_GT(draws, 1000);
+}
+
+// draw_logprobs: the same pick and edited logits as draw, and the log-probabilities the host
+// reports for the logits before the penalties with the banned ids at -inf: the top ids (ties:
+// lower id first) and every logit bit for bit, lse to rounding (its sum runs in another order).
+TEST_F(SampleCudaTest, DrawLogprobsMatchTheHost) {
+  std::mt19937 gen(13);
+  auto s = sampler(129280);
+  ASSERT_NE(s, nullptr);
+  const Penalties pen{1.2f, 0.3f, 0.1f};
+  for (const int64_t V : {17, 257, 4096, 129280}) {
+    for (int shape = 0; shape < 3; ++shape) {
+      const std::vector<float> l = logits_of(static_cast<size_t>(V), shape, gen);
+      const std::vector<int32_t> generated = {3, 5, 5, static_cast<int32_t>(V - 1), 11};
+      const std::vector<Edit> edits = make_edits(generated, {static_cast<int32_t>(V / 3)}, pen);
+      for (const int top_n : {0, 1, 5, 20, 64}) {
+        if (top_n > V) continue;
+        for (const Params& p : {Params{0.0f, 0, 1.0f, 0.0f}, Params{0.9f, 40, 0.95f, 0.0f}}) {
+          const double u = p.temperature > 0.0f ? 0.37 : 0.0;
+          float *a = dev(l), *b = dev(l);
+          DrawLogprobs got;
+          auto t = s->draw_logprobs(a, V, edits, pen, p, u, top_n, &got);
+          ASSERT_TRUE(t.ok()) << t.status();
+          auto plain = s->draw(b, V, edits, pen, p, u);
+          ASSERT_TRUE(plain.ok()) << plain.status();
+          const std::string at = "V=" + std::to_string(V) + " shape " + std::to_string(shape) + " top " +
+                                 std::to_string(top_n) + " T=" + std::to_string(p.temperature);
+          ASSERT_EQ(*t, *plain) << at;
+          const std::vector<float> ea = to_host(a, V), eb = to_host(b, V);
+          ASSERT_EQ(std::memcmp(ea.data(), eb.data(), ea.size() * sizeof(float)), 0) << at;
+          std::vector<float> raw = l;
+          for (const Edit& e : edits) {
+            if (e.banned != 0) raw[e.id] = -INFINITY;
+          }
+          const DrawLogprobs want = engine::Sampler::raw_logprobs(raw, *t, static_cast<uint32_t>(top_n));
+          EXPECT_EQ(got.top_ids, want.top_ids) << at;
+          ASSERT_EQ(got.top_logits.size(), want.top_logits.size()) << at;
+          for (size_t i = 0; i < got.top_logits.size(); ++i) {
+            EXPECT_EQ(std::memcmp(&got.top_logits[i], &want.top_logits[i], 4), 0) << at << " [" << i << "]";
+          }
+          EXPECT_EQ(std::memcmp(&got.chosen_logit, &want.chosen_logit, 4), 0) << at;
+          EXPECT_NEAR(got.lse, want.lse, 1e-6f * std::max(1.0f, std::fabs(want.lse))) << at;
+        }
+      }
+    }
+  }
+  float* d = dev(std::vector<float>(100, 0.0f));
+  DrawLogprobs out;
+  const Params greedy{0.0f, 0, 1.0f, 0.0f};
+  EXPECT_EQ(s->draw_logprobs(d, 100, {}, {}, greedy, 0.0, DeviceSampler::kMaxTopLogprobs + 1, &out).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->draw_logprobs(d, 100, {}, {}, greedy, 0.0, -1, &out).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SampleCudaTest, RefusesBadInput) {

@@ -1,10 +1,12 @@
 // dsflash-inference on the CUDA backend as a real process (label gpu; skipped without a GPU):
 // tokens drawn on the device (the default) against the same requests drawn on the host
 // (--sampling host) by a second process on the same model: greedy, temperature with top-k,
-// top-p and min-p, penalties, and min_new_tokens (EOS banned until then). Both draw from the
-// same seeded uniforms on the same device logits, so the tokens must agree. Also prefix reuse,
-// and requests taking turns (--max-running) against the same requests run alone.
+// top-p and min-p, penalties, and min_new_tokens (EOS banned until then), with and without
+// logprobs. Both draw from the same seeded uniforms on the same device logits, so the tokens must
+// agree, and the logprobs to the rounding of their normaliser's sum. Also prefix reuse, and
+// requests taking turns (--max-running) against the same requests run alone.
 #include <future>
+#include <utility>
 #include <vector>
 
 #include "kernels/exec.h"
@@ -47,6 +49,14 @@ TEST(ServiceCuda, DeviceDrawsMatchHostDraws) {
   pen.mutable_sampling()->set_frequency_penalty(0.1f);
   pen.mutable_stopping()->set_min_new_tokens(16);
   reqs.push_back(pen);
+  // With logprobs (drawn on the device too since the twenty-eighth session): greedy with 5
+  // alternatives, and the penalties' request (EOS banned at first) with 20.
+  for (const auto& [base, top] : {std::pair{reqs[0], 5u}, std::pair{pen, 20u}}) {
+    GenerateRequest lp = base;
+    lp.mutable_output()->set_return_logprobs(true);
+    lp.mutable_output()->set_top_logprobs(top);
+    reqs.push_back(lp);
+  }
   for (size_t i = 0; i < reqs.size(); ++i) {
     const auto a = run_stream(dev.stub(), reqs[i]);
     const auto b = run_stream(host.stub(), reqs[i]);
@@ -55,6 +65,25 @@ TEST(ServiceCuda, DeviceDrawsMatchHostDraws) {
     EXPECT_FALSE(a.ids().empty()) << i;
     EXPECT_EQ(a.ids(), b.ids()) << "request " << i;
     EXPECT_EQ(a.text(), b.text()) << "request " << i;
+    if (!reqs[i].output().return_logprobs()) continue;
+    size_t n = 0;
+    for (size_t k = 0; k < a.events.size() && k < b.events.size(); ++k) {
+      if (!a.events[k].has_tokens() || !b.events[k].has_tokens()) continue;
+      ASSERT_EQ(a.events[k].tokens().logprobs_size(), b.events[k].tokens().logprobs_size()) << i << " event " << k;
+      for (int j = 0; j < a.events[k].tokens().logprobs_size(); ++j, ++n) {
+        const auto& g = a.events[k].tokens().logprobs(j);
+        const auto& w = b.events[k].tokens().logprobs(j);
+        EXPECT_NEAR(g.logprob(), w.logprob(), 1e-5) << "request " << i << " event " << k;
+        EXPECT_EQ(std::vector<uint32_t>(g.top_ids().begin(), g.top_ids().end()),
+                  std::vector<uint32_t>(w.top_ids().begin(), w.top_ids().end()))
+            << "request " << i << " event " << k;
+        ASSERT_EQ(g.top_logprobs_size(), static_cast<int>(reqs[i].output().top_logprobs()));
+        for (int t = 0; t < g.top_logprobs_size(); ++t) {
+          EXPECT_NEAR(g.top_logprobs(t), w.top_logprobs(t), 1e-5) << "request " << i << " event " << k;
+        }
+      }
+    }
+    EXPECT_EQ(n, a.ids().size()) << "request " << i << ": a logprob for every token";
   }
 }
 

@@ -133,7 +133,9 @@ StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, in
 // Median milliseconds of a graph decode step that also draws the next token as an API request
 // does (temperature 1, top-p 0.95): on the device (forward_draw: one id comes back), or on the
 // host (the logits copied back, the engine's Sampler).
-StatusOr<double> sampled_step_ms(model::Model& m, int64_t n_prompt, int64_t n_decode, bool on_device) {
+// top_logprobs >= 0: each draw's log-probabilities too, with that many alternatives (as a
+// request with logprobs asks).
+StatusOr<double> sampled_step_ms(model::Model& m, int64_t n_prompt, int64_t n_decode, bool on_device, int top_logprobs) {
   engine::SamplingParams sp;
   sp.top_p = 0.95f;
   sp.seed = 1;
@@ -141,6 +143,8 @@ StatusOr<double> sampled_step_ms(model::Model& m, int64_t n_prompt, int64_t n_de
   model::DeviceDraw d;
   d.params = sampler.params();
   d.penalties = sampler.penalties();
+  d.top_logprobs = top_logprobs;
+  kernels::sample::DrawLogprobs lp;
   auto seq = m.new_sequence();
   if (seq == nullptr) return absl::ResourceExhaustedError("no device memory for a sequence");
   std::vector<float> logits;
@@ -148,10 +152,12 @@ StatusOr<double> sampled_step_ms(model::Model& m, int64_t n_prompt, int64_t n_de
   auto step = [&](const std::vector<int32_t>& tokens) -> Status {
     if (on_device) {
       d.u01 = sampler.next_uniform();
-      return m.forward_draw(*seq, tokens, d, &next);
+      return m.forward_draw(*seq, tokens, d, &next, &lp);
     }
     RETURN_IF_ERROR(m.forward(*seq, tokens, false, &logits));
+    const std::vector<float> raw = top_logprobs >= 0 ? logits : std::vector<float>{};
     next = sampler.sample(logits, {});
+    if (top_logprobs >= 0) (void)engine::Sampler::logprobs(raw, next, static_cast<uint32_t>(top_logprobs));
     return absl::OkStatus();
   };
   const std::vector<int32_t> prompt = bench_prompt(m, n_prompt);
@@ -335,10 +341,13 @@ Status run(const Args& a) {
     rows.push_back({"device_copy_bandwidth", bw / 1e9, "GB/s"});
     rows.push_back({"decode_step_bound_ms", bound_ms, "ms"});
     rows.push_back({"decode_fraction_of_bound", bound_ms / r.step_ms, "ratio"});
-    for (const bool on_device : {false, true}) {
-      ASSIGN_OR_RETURN(const double ms, sampled_step_ms(*m, n_prompt, n_decode, on_device));
-      rows.push_back({on_device ? "decode_step_sampled_on_device_ms_median" : "decode_step_sampled_on_host_ms_median",
-                      ms, "ms (T=1 top_p=0.95)"});
+    for (const int top : {-1, 5}) {
+      for (const bool on_device : {false, true}) {
+        ASSIGN_OR_RETURN(const double ms, sampled_step_ms(*m, n_prompt, n_decode, on_device, top));
+        rows.push_back({absl::StrCat("decode_step_sampled", top >= 0 ? "_logprobs" : "", on_device ? "_on_device" : "_on_host",
+                                     "_ms_median"),
+                        ms, top >= 0 ? "ms (T=1 top_p=0.95, logprobs with 5 alternatives)" : "ms (T=1 top_p=0.95)"});
+      }
     }
     ASSIGN_OR_RETURN(const auto mem, sequence_memory(*m, n_prompt, n_decode));
     rows.push_back({"sequence_device_mib", mem.first, "MiB (a sequence after the prompt and the decode steps)"});
