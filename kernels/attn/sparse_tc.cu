@@ -400,9 +400,11 @@ __device__ __forceinline__ void values_of_chunks(const TcArgs& a, int64_t t, int
 
 // grid (n, ceil(H / kHeadsTc), S), a cluster of n CTAs along x: CTA c takes chunks per c .. per
 // c + per - 1 of row blockIdx.z's list (per = ceil(chunks / a.cluster), n = ceil(chunks / per))
-// for heads 16 blockIdx.y ... (past H: zeros, no output).
-template <int Dh>
-__global__ void __launch_bounds__(kThreadsTc, 1) sparse_tc_kernel(const __grid_constant__ TcArgs a) {
+// for heads 16 blockIdx.y ... (past H: zeros, no output). kMinCtas: the CTAs a SM holds at once,
+// 1 for a decode row (latency: every register it wants) or 2 for a prefill chunk's rows
+// (throughput: the shared memory holds two, the registers then at most 128 a thread).
+template <int Dh, int kMinCtas>
+__global__ void __launch_bounds__(kThreadsTc, kMinCtas) sparse_tc_kernel(const __grid_constant__ TcArgs a) {
   cuda::await_inputs();
   extern __shared__ __align__(16) uint8_t smem_raw[];
   TcSmem<Dh>& s = *reinterpret_cast<TcSmem<Dh>*>(smem_raw);
@@ -457,7 +459,7 @@ bool clusters_resident(int size) {
   cfg.attrs = &cluster;
   cfg.numAttrs = 1;
   int clusters = 0;
-  return query_ok(cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh>, &cfg)) && clusters > 0;
+  return query_ok(cudaOccupancyMaxActiveClusters(&clusters, sparse_tc_kernel<Dh, 1>, &cfg)) && clusters > 0;
 }
 
 }  // namespace
@@ -472,8 +474,9 @@ bool tc_resources_granted() {
       clusters_ok == 0) {
     return false;
   }
-  return query_ok(cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(sizeof(TcSmem<Dh>)))) &&
+  const int bytes = static_cast<int>(sizeof(TcSmem<Dh>));
+  return query_ok(cudaFuncSetAttribute(sparse_tc_kernel<Dh, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)) &&
+         query_ok(cudaFuncSetAttribute(sparse_tc_kernel<Dh, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes)) &&
          clusters_resident<Dh>(kMaxCluster);
 }
 
@@ -482,7 +485,8 @@ bool tc_resources_granted() {
 // each gathered once, instead of two chunks a CTA (three gathers).
 template <int Dh>
 bool wide_cluster_granted() {
-  return query_ok(cudaFuncSetAttribute(sparse_tc_kernel<Dh>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) &&
+  return query_ok(cudaFuncSetAttribute(sparse_tc_kernel<Dh, 1>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) &&
+         query_ok(cudaFuncSetAttribute(sparse_tc_kernel<Dh, 2>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)) &&
          clusters_resident<Dh>(kWideCluster);
 }
 
@@ -530,8 +534,10 @@ Status launch_tc(cudaStream_t st, TcArgs args) {
   const unsigned n = static_cast<unsigned>(chunk_map(args.width, args.cluster).ctas());
   const unsigned groups = static_cast<unsigned>((args.H + kHeadsTc - 1) / kHeadsTc);
   const unsigned rows = static_cast<unsigned>(args.S);
-  return cuda::launch(sparse_tc_kernel<Dh>,
-                      cuda::LaunchParams{dim3(n, groups, rows), dim3(kThreadsTc), sizeof(TcSmem<Dh>), st, n}, args);
+  const cuda::LaunchParams lp{dim3(n, groups, rows), dim3(kThreadsTc), sizeof(TcSmem<Dh>), st, n};
+  // A prefill chunk's rows on the two-a-SM form unless DSF_ATTN_TC_ROWS_CTAS=1 (measurement).
+  static const bool two = cuda::env_int("DSF_ATTN_TC_ROWS_CTAS", 2) >= 2;
+  return args.S > 1 && two ? cuda::launch(sparse_tc_kernel<Dh, 2>, lp, args) : cuda::launch(sparse_tc_kernel<Dh, 1>, lp, args);
 }
 
 Status sparse_attn_tc(cudaStream_t st, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a, int64_t n_a,
