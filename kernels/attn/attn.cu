@@ -267,7 +267,8 @@ Status sparse_attn_cuda(const ExecCtx& ctx, const float* q, int64_t S, int H, in
     ra = RopeArgs{rope->freqs, rope->dims / 2, rope->pos0.value, rope->pos0.dev};
   }
   if (detail::tc_applies(S, H, Dh, width, ra.freqs != nullptr ? ra.half : 0, q, kv_a, kv_b)) {
-    return detail::sparse_attn_tc(cuda::stream_of(ctx), q, S, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o, ra, wa);
+    return detail::sparse_attn_tc(cuda::stream_of(ctx), q, S, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o, ra,
+                                  wa);
   }
   if (detail::split_applies(S, H, Dh, width, q, kv_a, kv_b, o)) {
     return detail::sparse_attn_split(cuda::stream_of(ctx), q, S, H, Dh, kv_a, n_a, kv_b, idx, width, sink, scale, o, ra, wa);

@@ -1,7 +1,7 @@
 // Sparse attention on the tensor cores (docs/cuda-backend.md, Next item 5), for a decode row and
 // for the rows of a prefill chunk alike (each row on its own clusters): all heads share each KV
-// row (one KV head, V = K), so a chunk of 64 list entries is two small GEMMs, logits = Q K^T and the chunk's value sum P V, on bf16 m16n8k16 with fp32 sums. Every
-// operand is a bf16 value (q after wq_b and the RoPE's rounding, the rows after their QDQ, p
+// row (one KV head, V = K), so a chunk of 64 list entries is two small GEMMs, logits = Q K^T
+// and the chunk's value sum P V, on bf16 m16n8k16 with fp32 sums. Every operand is a bf16 value (q after wq_b and the RoPE's rounding, the rows after their QDQ, p
 // rounded as the reference does), so each product is exact and only the order of the fp32 sums
 // differs from the split kernels' (sparse_split.cu): the value sums' within a chunk too.
 //
@@ -523,8 +523,8 @@ bool tc_applies(int64_t S, int H, int64_t Dh, int64_t width, int rope_half, cons
   static const bool rows = cuda::env_int("DSF_ATTN_TC_ROWS", 1) != 0;
   const int64_t chunks = (width + kChunkTc - 1) / kChunkTc;  // not chunk_map's: width may be past int
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return on && S >= 1 && S <= kMaxRowsTc && (S == 1 || rows) && head_dim_tc(Dh) && 2 * rope_half <= std::min<int64_t>(kRopeTc, Dh) && H >= 1 && chunks >= 1 &&
-         chunks <= kMaxChunks && aligned(q) && aligned(kv_a) && (kv_b == nullptr || aligned(kv_b)) &&
+  return on && S >= 1 && S <= kMaxRowsTc && (S == 1 || rows) && head_dim_tc(Dh) &&
+         2 * rope_half <= std::min<int64_t>(kRopeTc, Dh) && H >= 1 && chunks >= 1 && chunks <= kMaxChunks && aligned(q) && aligned(kv_a) && (kv_b == nullptr || aligned(kv_b)) &&
          (Dh == 512 ? device_runs_tc<512>() : device_runs_tc<64>());
 }
 
@@ -537,7 +537,8 @@ Status launch_tc(cudaStream_t st, TcArgs args) {
   const cuda::LaunchParams lp{dim3(n, groups, rows), dim3(kThreadsTc), sizeof(TcSmem<Dh>), st, n};
   // A prefill chunk's rows on the two-a-SM form unless DSF_ATTN_TC_ROWS_CTAS=1 (measurement).
   static const bool two = cuda::env_int("DSF_ATTN_TC_ROWS_CTAS", 2) >= 2;
-  return args.S > 1 && two ? cuda::launch(sparse_tc_kernel<Dh, 2>, lp, args) : cuda::launch(sparse_tc_kernel<Dh, 1>, lp, args);
+  return args.S > 1 && two ? cuda::launch(sparse_tc_kernel<Dh, 2>, lp, args)
+                           : cuda::launch(sparse_tc_kernel<Dh, 1>, lp, args);
 }
 
 Status sparse_attn_tc(cudaStream_t st, const float* q, int64_t S, int H, int64_t Dh, const float* kv_a, int64_t n_a,

@@ -200,7 +200,6 @@ __global__ void __launch_bounds__(kThreads)
 struct LogprobStats {
   int32_t token;
   float chosen, lse;
-  int32_t n;
   int32_t ids[DeviceSampler::kMaxTopLogprobs];
   float logits[DeviceSampler::kMaxTopLogprobs];
 };
@@ -238,10 +237,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   for (int64_t i = threadIdx.x; i < V; i += kArgmaxThreads) sum += exp(static_cast<double>(raw[i] - m));
   __syncthreads();
   sum = SumOf(tmp.sum).Sum(sum);
-  if (threadIdx.x == 0) {
-    out->lse = m + static_cast<float>(log(sum));
-    out->n = top_n;
-  }
+  if (threadIdx.x == 0) out->lse = m + static_cast<float>(log(sum));
   Best prev{INFINITY, -1};
   for (int k = 0; k < top_n; ++k) {
     Best best{0.0f, -1};
@@ -320,8 +316,8 @@ class CudaSampler final : public DeviceSampler {
                                   const Params& p, double u01, int top_n, DrawLogprobs* out) override {
     RETURN_IF_ERROR(check(V, edits, p, u01));
     if (top_n < 0 || top_n > kMaxTopLogprobs || top_n > V) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("device sampler: ", top_n, " top log-probabilities (0 to ", std::min<int64_t>(kMaxTopLogprobs, V), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("device sampler: ", top_n, " top log-probabilities (0 to ",
+                                                     std::min<int64_t>(kMaxTopLogprobs, V), ")"));
     }
     const cudaStream_t st = stream();
     RETURN_IF_ERROR(copy(ctx_, Copy::kDeviceToDevice, raw_, logits, static_cast<size_t>(V) * sizeof(float)));
@@ -334,7 +330,8 @@ class CudaSampler final : public DeviceSampler {
     RETURN_IF_ERROR(cuda::launch(logprob_stats_kernel, cuda::LaunchParams{dim3(1), dim3(kArgmaxThreads), 0, st}, raw_,
                                  V, top_n, stats_d_));
     RETURN_IF_ERROR(pick(logits, V, p, u01));
-    RETURN_IF_ERROR(cuda::launch(chosen_kernel, cuda::LaunchParams{dim3(1), dim3(1), 0, st}, raw_, token_d_, V, stats_d_));
+    RETURN_IF_ERROR(
+        cuda::launch(chosen_kernel, cuda::LaunchParams{dim3(1), dim3(1), 0, st}, raw_, token_d_, V, stats_d_));
     RETURN_IF_ERROR(copy(ctx_, Copy::kDeviceToHost, stats_h_, stats_d_, sizeof(LogprobStats)));
     RETURN_IF_ERROR(stream_sync(ctx_));
     const LogprobStats& r = *stats_h_;

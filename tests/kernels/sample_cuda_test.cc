@@ -161,7 +161,8 @@ TEST_F(SampleCudaTest, DrawLogprobsMatchTheHost) {
   const Params greedy{0.0f, 0, 1.0f, 0.0f};
   EXPECT_EQ(s->draw_logprobs(d, 100, {}, {}, greedy, 0.0, DeviceSampler::kMaxTopLogprobs + 1, &out).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(s->draw_logprobs(d, 100, {}, {}, greedy, 0.0, -1, &out).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->draw_logprobs(d, 100, {}, {}, greedy, 0.0, -1, &out).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(SampleCudaTest, RefusesBadInput) {

@@ -135,7 +135,8 @@ StatusOr<Result> measure(model::Model& m, int64_t n_prompt, int64_t n_decode, in
 // host (the logits copied back, the engine's Sampler).
 // top_logprobs >= 0: each draw's log-probabilities too, with that many alternatives (as a
 // request with logprobs asks).
-StatusOr<double> sampled_step_ms(model::Model& m, int64_t n_prompt, int64_t n_decode, bool on_device, int top_logprobs) {
+StatusOr<double> sampled_step_ms(model::Model& m, int64_t n_prompt, int64_t n_decode, bool on_device,
+                                 int top_logprobs) {
   engine::SamplingParams sp;
   sp.top_p = 0.95f;
   sp.seed = 1;
@@ -344,8 +345,8 @@ Status run(const Args& a) {
     for (const int top : {-1, 5}) {
       for (const bool on_device : {false, true}) {
         ASSIGN_OR_RETURN(const double ms, sampled_step_ms(*m, n_prompt, n_decode, on_device, top));
-        rows.push_back({absl::StrCat("decode_step_sampled", top >= 0 ? "_logprobs" : "", on_device ? "_on_device" : "_on_host",
-                                     "_ms_median"),
+        rows.push_back({absl::StrCat("decode_step_sampled", top >= 0 ? "_logprobs" : "",
+                                     on_device ? "_on_device" : "_on_host", "_ms_median"),
                         ms, top >= 0 ? "ms (T=1 top_p=0.95, logprobs with 5 alternatives)" : "ms (T=1 top_p=0.95)"});
       }
     }
